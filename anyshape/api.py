@@ -1,0 +1,126 @@
+"""The public entry points of plugin mode: optimize() and explain().
+
+Sits on top of everything: capture (torch.export), plugin compilation, and the
+returned ``nn.Module``. The TorchDynamo backend lives in ``plugin.dynamo_backend``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+from .config import Options
+from .errors import AnyshapeError, InputError
+from .plugin.compile import CompileReport, compile_graph
+from .plugin.explain import ExplainReport
+from .stats import bump
+
+
+def _split_inputs(example_inputs) -> tuple[tuple, dict]:
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 2
+        and isinstance(example_inputs[1], dict)
+        and isinstance(example_inputs[0], tuple)
+    ):
+        return example_inputs[0], example_inputs[1]
+    return tuple(example_inputs), {}
+
+
+class OptimizedModule(torch.nn.Module):
+    """A model compiled by anyshape: call it with any shapes of the example's ranks and dtypes."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule, report: CompileReport, name: str):
+        super().__init__()
+        self.graph_module = graph_module
+        self.report = report
+        self._name = name
+        self._num_inputs = sum(1 for n in graph_module.graph.nodes if n.op == "placeholder")
+
+    def forward(self, *args, **kwargs):
+        flat = pytree.tree_leaves((args, kwargs))
+        if len(flat) != self._num_inputs:
+            names = ", ".join(s.name for s in self.report.input_specs)
+            raise InputError(
+                f"compiled {self._name} expects {self._num_inputs} inputs ({names}), "
+                f"got {len(flat)}"
+            )
+        return self.graph_module(*args, **kwargs)
+
+    def explain(self) -> ExplainReport:
+        return ExplainReport(self.report)
+
+
+def _compile(model, example_inputs, dynamic_shapes, options: Options):
+    from .frontends.torch.capture import capture_export, needs_widening, widen_example
+
+    args, kwargs = _split_inputs(example_inputs)
+    if dynamic_shapes is None and needs_widening((args, kwargs)):
+        try:
+            captured = capture_export(model, widen_example(args), widen_example(kwargs))
+            gm, report = compile_graph(
+                captured.gm, captured.symbol_ranges, options, with_prologue=True, count=False
+            )
+            if _agrees_with_eager(model, gm, args, kwargs):
+                bump("compilations")
+                return gm, report
+        except AnyshapeError:
+            pass
+        report_note = "example dims of size 0/1 kept specialized (widened capture disagreed)"
+    else:
+        report_note = ""
+    captured = capture_export(model, args, kwargs, dynamic_shapes)
+    gm, report = compile_graph(captured.gm, captured.symbol_ranges, options, with_prologue=True)
+    if report_note:
+        report.facts.append(report_note)
+    return gm, report
+
+
+def _agrees_with_eager(model, gm, args, kwargs) -> bool:
+    """Whether the compiled graph reproduces eager on the user's own example."""
+    with torch.no_grad():
+        try:
+            got = pytree.tree_leaves(gm(*args, **kwargs))
+        except (AnyshapeError, RuntimeError, ValueError, IndexError):
+            return False
+        want = pytree.tree_leaves(model(*args, **kwargs))
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if isinstance(w, torch.Tensor):
+            if not isinstance(g, torch.Tensor) or g.shape != w.shape or g.dtype != w.dtype:
+                return False
+            if w.is_floating_point() and not torch.allclose(
+                g, w, rtol=1e-3, atol=1e-3, equal_nan=True
+            ):
+                return False
+            if not w.is_floating_point() and not torch.equal(g, w):
+                return False
+    return True
+
+
+def optimize(
+    model: torch.nn.Module, example_inputs, *, dynamic_shapes=None, **options
+) -> OptimizedModule:
+    """Compile ``model`` once for every input shape of the examples' ranks and dtypes.
+
+    ``example_inputs`` is a tuple of positional inputs, a dict of keyword inputs,
+    or ``(args, kwargs)``. Every dim is dynamic unless ``dynamic_shapes`` (as for
+    ``torch.export``) says otherwise. Options: see ``anyshape.config.Options``.
+    """
+    opts = Options.from_env(**options)
+    if isinstance(model, torch.nn.Module):
+        model.eval()
+    gm, report = _compile(model, example_inputs, dynamic_shapes, opts)
+    return OptimizedModule(gm, report, type(model).__name__)
+
+
+def explain(
+    model: torch.nn.Module, example_inputs, *, dynamic_shapes=None, **options
+) -> ExplainReport:
+    """What anyshape compiles for ``model``: clusters, fallbacks with reasons, op counts."""
+    return optimize(model, example_inputs, dynamic_shapes=dynamic_shapes, **options).explain()

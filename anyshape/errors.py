@@ -1,0 +1,23 @@
+"""The exceptions anyshape raises to its users.
+
+Every error names what was wrong (which input, which dim, expected vs got, which
+op and where in the model) so a user can act on it without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class AnyshapeError(Exception):
+    """Base class of every anyshape error."""
+
+
+class InputError(AnyshapeError, ValueError):
+    """A compiled model was called with inputs that break its signature or constraints."""
+
+
+class UnsupportedError(AnyshapeError, NotImplementedError):
+    """An op (or one of its argument combinations) cannot be compiled; says why."""
+
+
+class CaptureError(AnyshapeError, RuntimeError):
+    """The model could not be captured into a graph; says what to try."""

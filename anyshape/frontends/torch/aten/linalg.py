@@ -1,0 +1,1 @@
+"""Lowering rules for ATen linalg ops (being written)."""

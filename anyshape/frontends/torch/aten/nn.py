@@ -1,0 +1,1 @@
+"""Lowering rules for ATen nn ops (being written)."""

@@ -1,0 +1,141 @@
+"""Capture a PyTorch model as an FX graph of core ATen ops with symbolic sizes.
+
+First stage of the torch frontend (plugin and standalone modes): ``torch.export``
+with every dim of every tensor input marked ``Dim.AUTO`` (or the user's
+``dynamic_shapes``), then ``run_decompositions()`` to core ATen. The result is
+the unlifted GraphModule (weights as ``get_attr``), the flat input names, and
+the symbol ranges torch inferred, with lower bounds relaxed to 0: export
+records ``[2, inf]`` for a dim it saw at 2 or more, yet sizes 0 and 1 are valid
+values of a symbolic dim (a run-time broadcast decision, not a new graph).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+
+from ...errors import CaptureError
+from .symbols import to_dim
+
+
+@dataclass
+class Captured:
+    gm: fx.GraphModule
+    symbol_ranges: dict[str, tuple[int, int | None]]
+    exported: object  # the ExportedProgram
+
+
+def _auto_dynamic(value):
+    from torch.export import Dim
+
+    if isinstance(value, torch.Tensor):
+        return {i: Dim.AUTO for i in range(value.dim())} if value.dim() else None
+    if isinstance(value, (list, tuple)):
+        return type(value)(_auto_dynamic(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _auto_dynamic(v) for k, v in value.items()}
+    return None
+
+
+def default_dynamic_shapes(model, args: tuple, kwargs: dict):
+    """Every dim of every tensor input dynamic, keyed the way torch.export expects."""
+    if not kwargs:
+        return tuple(_auto_dynamic(a) for a in args)
+    sig = inspect.signature(model.forward)
+    bound = sig.bind_partial(*args, **kwargs)
+    return {name: _auto_dynamic(v) for name, v in bound.arguments.items()}
+
+
+def widen_example(value):
+    """The example with every dim of size 0 or 1 grown to 2 (by repetition, or zeros).
+
+    torch.export specializes parts of a graph on example dims of 1 (e.g. a view
+    guarded ``64*s0 == 64``) even when they are marked dynamic, so anyshape
+    traces with widened examples; ``optimize`` then checks the compiled model
+    against eager on the user's own example and recaptures from it if they differ.
+    """
+    if isinstance(value, torch.Tensor):
+        for d, n in enumerate(value.shape):
+            if n == 0:
+                shape = list(value.shape)
+                shape[d] = 2
+                value = value.new_zeros(shape)
+            elif n == 1:
+                value = torch.cat([value, value], dim=d)
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(widen_example(v) for v in value)
+    if isinstance(value, dict):
+        return {k: widen_example(v) for k, v in value.items()}
+    return value
+
+
+def needs_widening(value) -> bool:
+    leaves = torch.utils._pytree.tree_leaves(value)
+    return any(isinstance(t, torch.Tensor) and any(n < 2 for n in t.shape) for t in leaves)
+
+
+def capture_export(
+    model: torch.nn.Module, args: tuple, kwargs: dict | None = None, dynamic_shapes=None
+) -> Captured:
+    """torch.export + decomposition to core ATen, with actionable errors."""
+    kwargs = kwargs or {}
+    if dynamic_shapes is None:
+        dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
+    try:
+        # Size-oblivious tracing: an example dim of 0 or 1 stays symbolic instead of
+        # being specialized, so the graph serves every size.
+        with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+            ep = torch.export.export(
+                model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
+            )
+            ep = ep.run_decompositions()
+    except Exception as e:  # torch raises many types here; all mean "could not capture"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CaptureError(
+            f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
+            f"{first}\n  Try: make Python control flow independent of tensor values and "
+            f"sizes, pass example inputs of a shape you serve, give explicit dynamic_shapes=, "
+            f"or use torch.compile(model, backend='anyshape'), which runs uncapturable Python "
+            f"in PyTorch and compiles the rest."
+        ) from e
+    ranges = {}
+    for sym, vr in ep.range_constraints.items():
+        name = str(sym)
+        ranges[name] = (0, _finite_int(vr.upper))
+    gm = ep.module()
+    return Captured(gm, ranges, ep)
+
+
+def _finite_int(v) -> int | None:
+    """A sympy bound as an int, None when infinite."""
+    import sympy
+
+    try:
+        return int(v) if v.is_Integer or isinstance(v, (int, sympy.Integer)) else None
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return None
+
+
+def placeholder_shapes(gm: fx.GraphModule) -> list[tuple[fx.Node, object]]:
+    """(placeholder, fake value) for every input of ``gm``."""
+    return [(n, n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def symbol_sources(gm: fx.GraphModule) -> dict[str, tuple[fx.Node, int]]:
+    """For each symbol that is a whole input dim: the first (placeholder, dim) carrying it."""
+    out: dict[str, tuple[fx.Node, int]] = {}
+    for node, val in placeholder_shapes(gm):
+        if isinstance(val, torch.Tensor):
+            for d, s in enumerate(val.shape):
+                dim = to_dim(s)
+                if not isinstance(dim, int) and dim.is_symbol:
+                    out.setdefault(dim.symbol_name, (node, d))
+        elif isinstance(val, torch.SymInt):
+            dim = to_dim(val)
+            if not isinstance(dim, int) and dim.is_symbol:
+                out.setdefault(dim.symbol_name, (node, -1))
+    return out

@@ -1,0 +1,93 @@
+"""Torch-to-IR conversions of sizes, dtypes and fake tensors.
+
+Sits at the bottom of the torch frontend. Torch describes symbolic sizes with
+sympy expressions inside ``SymInt``s; anyshape's core has its own algebra, so
+every size crosses here exactly once: ``to_dim`` turns a SymInt / sympy
+expression / int into an ``int | SymExpr``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import UnsupportedError
+from ...ir.dtypes import DType
+from ...ir.symbolic import SymExpr, as_dim, as_expr, floordiv, mod, sym_max, sym_min
+from ...ir.types import TensorType
+
+TORCH_TO_DTYPE = {
+    torch.bool: DType.b8,
+    torch.int8: DType.i8,
+    torch.uint8: DType.u8,
+    torch.int16: DType.i16,
+    torch.int32: DType.i32,
+    torch.int64: DType.i64,
+    torch.float16: DType.f16,
+    torch.bfloat16: DType.bf16,
+    torch.float32: DType.f32,
+    torch.float64: DType.f64,
+}
+DTYPE_TO_TORCH = {v: k for k, v in TORCH_TO_DTYPE.items()}
+
+
+def to_dtype(dt: torch.dtype) -> DType:
+    try:
+        return TORCH_TO_DTYPE[dt]
+    except KeyError:
+        raise UnsupportedError(f"dtype {dt} is not supported") from None
+
+
+def sympy_to_expr(e) -> SymExpr:
+    """Convert a sympy expression over size symbols (as torch's ShapeEnv builds them)."""
+    import sympy
+
+    if isinstance(e, (int, sympy.Integer)):
+        return SymExpr.const(int(e))
+    if isinstance(e, sympy.Symbol):
+        return SymExpr.symbol(e.name)
+    if isinstance(e, sympy.Add):
+        out = as_expr(0)
+        for a in e.args:
+            out = out + sympy_to_expr(a)
+        return out
+    if isinstance(e, sympy.Mul):
+        out = as_expr(1)
+        for a in e.args:
+            out = out * sympy_to_expr(a)
+        return out
+    if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) >= 0:
+        base = sympy_to_expr(e.base)
+        out = as_expr(1)
+        for _ in range(int(e.exp)):
+            out = out * base
+        return out
+    name = type(e).__name__
+    args = [sympy_to_expr(a) for a in e.args] if name not in ("Rational",) else []
+    if name in ("FloorDiv", "floor_divide"):
+        return floordiv(args[0], args[1])
+    if name == "CeilDiv" or name == "CleanDiv":
+        return floordiv(args[0] + args[1] - 1, args[1]) if name == "CeilDiv" else floordiv(*args)
+    if name in ("Mod", "PythonMod"):
+        return mod(args[0], args[1])
+    if name == "Max":
+        return sym_max(*args)
+    if name == "Min":
+        return sym_min(*args)
+    raise UnsupportedError(f"symbolic size expression {e} ({name}) is not supported")
+
+
+def to_dim(x) -> int | SymExpr:
+    """An int, SymInt or sympy expression as an IR dim."""
+    if isinstance(x, torch.SymInt):
+        node = x.node
+        if hasattr(node, "maybe_as_int") and node.maybe_as_int() is not None:
+            return int(node.maybe_as_int())
+        return as_dim(sympy_to_expr(node.expr))
+    if isinstance(x, int):
+        return x
+    return as_dim(sympy_to_expr(x))
+
+
+def to_tensor_type(t) -> TensorType:
+    """A (fake) tensor's dtype and (symbolic) shape as a TensorType."""
+    return TensorType(to_dtype(t.dtype), tuple(to_dim(s) for s in t.shape))

@@ -1,0 +1,377 @@
+"""The op table: every IR primitive, declared once with its type rule and traits.
+
+Sits at the heart of the IR. Frontends lower to these ops, the reference
+interpreter and each backend register an implementation per op in their own
+tables, and a test asserts every table covers every op here.
+
+A type rule takes the operand types, the attribute dict and the graph's
+``ConstraintStore``; it returns the result type or raises ``IRTypeError``. Where
+two symbolic dims must agree (elementwise operands, a matmul's contraction) the
+rule asks the store to *guard* the equality: proven at compile time, or checked
+in the prologue on every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .constraints import ConstraintStore
+from .dtypes import DType
+from .symbolic import SymExpr, as_dim, as_expr, floordiv, shape_numel
+from .types import TensorType
+
+
+class IRTypeError(TypeError):
+    """An op was built with operands or attributes its type rule rejects."""
+
+
+TypeRule = Callable[[tuple[TensorType, ...], dict, ConstraintStore], TensorType]
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    arity: int | None  # None: variadic
+    rule: TypeRule
+    traits: frozenset[str]
+    attrs: tuple[str, ...]
+    doc: str
+
+
+OPS: dict[str, OpDef] = {}
+
+
+def _op(name: str, arity: int | None, traits: str = "", attrs: str = "", doc: str = ""):
+    def register(rule: TypeRule) -> TypeRule:
+        OPS[name] = OpDef(name, arity, rule, frozenset(traits.split()), tuple(attrs.split()), doc)
+        return rule
+
+    return register
+
+
+def _same_shape(types, store: ConstraintStore, what: str) -> tuple:
+    shape = types[0].shape
+    for t in types[1:]:
+        if t.rank != len(shape):
+            raise IRTypeError(f"{what}: rank mismatch {types[0]} vs {t}")
+        for i, (a, b) in enumerate(zip(shape, t.shape)):
+            store.guard_eq(a, b, f"{what} operands dim {i}")
+    return shape
+
+
+def _same_dtype(types, what: str) -> DType:
+    dts = {t.dtype for t in types}
+    if len(dts) != 1:
+        raise IRTypeError(f"{what}: operand dtypes differ: {', '.join(map(str, types))}")
+    return types[0].dtype
+
+
+# --- elementwise ---------------------------------------------------------------
+
+UNARY_FLOAT = (
+    "exp log log1p expm1 sqrt rsqrt sin cos tan asin acos atan sinh cosh tanh "
+    "asinh acosh atanh erf sigmoid"
+).split()
+UNARY_ANY = "neg abs floor ceil round trunc sign".split()
+UNARY_INT = ["bitwise_not"]
+UNARY_PRED = "isnan isinf".split()
+BINARY_ARITH = "add sub mul div rem pow max min".split()
+BINARY_FLOAT = ["atan2"]
+BINARY_BITWISE = "and or xor shl shr".split()
+COMPARE = "eq ne lt le gt ge".split()
+
+
+def _unary_rule(kind: str) -> TypeRule:
+    def rule(types, attrs, store):
+        (t,) = types
+        if kind == "float" and not t.dtype.is_float:
+            raise IRTypeError(f"needs a float operand, got {t}")
+        if kind == "int" and t.dtype.is_float:
+            raise IRTypeError(f"needs an integer or bool operand, got {t}")
+        if kind == "pred":
+            return t.with_dtype(DType.b8)
+        return t
+
+    return rule
+
+
+def _binary_rule(kind: str, name: str) -> TypeRule:
+    def rule(types, attrs, store):
+        dt = _same_dtype(types, name)
+        shape = _same_shape(types, store, name)
+        if kind == "float" and not dt.is_float:
+            raise IRTypeError(f"{name} needs float operands, got {dt}")
+        if kind == "bitwise" and dt.is_float:
+            raise IRTypeError(f"{name} needs integer or bool operands, got {dt}")
+        return TensorType(DType.b8 if kind == "compare" else dt, shape)
+
+    return rule
+
+
+for _n in UNARY_FLOAT:
+    _op(_n, 1, "elementwise unary", doc="float -> float")(_unary_rule("float"))
+for _n in UNARY_ANY:
+    _op(_n, 1, "elementwise unary")(_unary_rule("any"))
+for _n in UNARY_INT:
+    _op(_n, 1, "elementwise unary", doc="integer/bool")(_unary_rule("int"))
+for _n in UNARY_PRED:
+    _op(_n, 1, "elementwise unary", doc="-> b8")(_unary_rule("pred"))
+for _n in BINARY_ARITH:
+    _traits = "elementwise binary" + (" commutative" if _n in ("add", "mul", "max", "min") else "")
+    _op(_n, 2, _traits)(_binary_rule("any", _n))
+for _n in BINARY_FLOAT:
+    _op(_n, 2, "elementwise binary")(_binary_rule("float", _n))
+for _n in BINARY_BITWISE:
+    _op(_n, 2, "elementwise binary")(_binary_rule("bitwise", _n))
+for _n in COMPARE:
+    _op(_n, 2, "elementwise binary compare")(_binary_rule("compare", _n))
+
+
+@_op("select", 3, "elementwise", doc="select(pred, on_true, on_false)")
+def _select(types, attrs, store):
+    pred, a, b = types
+    if pred.dtype is not DType.b8:
+        raise IRTypeError(f"select predicate must be b8, got {pred}")
+    dt = _same_dtype((a, b), "select")
+    return TensorType(dt, _same_shape(types, store, "select"))
+
+
+@_op("convert", 1, "elementwise unary", attrs="dtype")
+def _convert(types, attrs, store):
+    return types[0].with_dtype(attrs["dtype"])
+
+
+# --- sources -------------------------------------------------------------------
+
+
+@_op("input", 0, "source", attrs="name dtype shape")
+def _input(types, attrs, store):
+    return TensorType(attrs["dtype"], attrs["shape"])
+
+
+@_op("param", 0, "source", attrs="name dtype shape", doc="a named weight held by the graph")
+def _param(types, attrs, store):
+    return TensorType(attrs["dtype"], attrs["shape"])
+
+
+@_op("constant", 0, "source", attrs="value dtype", doc="a scalar literal, rank 0")
+def _constant(types, attrs, store):
+    return TensorType(attrs["dtype"], ())
+
+
+@_op("shape_scalar", 0, "source", attrs="expr dtype", doc="the run-time value of a dim expression")
+def _shape_scalar(types, attrs, store):
+    return TensorType(attrs["dtype"], ())
+
+
+@_op("iota", 0, "source", attrs="shape dim dtype", doc="index along `dim`, broadcast to `shape`")
+def _iota(types, attrs, store):
+    if not 0 <= attrs["dim"] < len(attrs["shape"]):
+        raise IRTypeError(f"iota dim {attrs['dim']} out of range for {attrs['shape']}")
+    return TensorType(attrs["dtype"], attrs["shape"])
+
+
+# --- shape manipulation ----------------------------------------------------------
+
+
+@_op("broadcast_in_dim", 1, "view", attrs="shape dims")
+def _broadcast(types, attrs, store):
+    (t,) = types
+    shape, dims = attrs["shape"], attrs["dims"]
+    if len(dims) != t.rank or any(not 0 <= d < len(shape) for d in dims):
+        raise IRTypeError(f"broadcast_in_dim dims {dims} do not fit {t} -> {shape}")
+    if list(dims) != sorted(dims):
+        raise IRTypeError(f"broadcast_in_dim dims {dims} must be increasing")
+    for i, d in enumerate(dims):
+        src = t.shape[i]
+        if src == 1:
+            continue
+        if store.prove_eq(src, shape[d]):
+            continue
+        if isinstance(src, int) and isinstance(shape[d], int):
+            raise IRTypeError(f"cannot broadcast dim {i} of {t} to {shape[d]}")
+        # Symbolic: either src == 1 (broadcast) or src == out; decided per call.
+    return TensorType(t.dtype, shape)
+
+
+@_op("reshape", 1, "view", attrs="shape")
+def _reshape(types, attrs, store):
+    (t,) = types
+    shape = attrs["shape"]
+    store.guard_eq(shape_numel(t.shape), shape_numel(shape), "reshape element count")
+    return TensorType(t.dtype, shape)
+
+
+@_op("transpose", 1, "view", attrs="perm")
+def _transpose(types, attrs, store):
+    (t,) = types
+    perm = attrs["perm"]
+    if sorted(perm) != list(range(t.rank)):
+        raise IRTypeError(f"transpose perm {perm} is not a permutation of rank {t.rank}")
+    return t.with_shape(t.shape[p] for p in perm)
+
+
+@_op("slice", 1, "view", attrs="start limit stride")
+def _slice(types, attrs, store):
+    (t,) = types
+    start, limit, stride = attrs["start"], attrs["limit"], attrs["stride"]
+    if not len(start) == len(limit) == len(stride) == t.rank:
+        raise IRTypeError(f"slice bounds do not match rank of {t}")
+    out = []
+    for s, e, k in zip(start, limit, stride):
+        if not isinstance(k, int) or k < 1:
+            raise IRTypeError(f"slice stride must be a positive int, got {k}")
+        out.append(as_dim(floordiv(as_expr(e) - as_expr(s) + (k - 1), k)))
+    return t.with_shape(out)
+
+
+@_op("concatenate", None, "", attrs="axis")
+def _concatenate(types, attrs, store):
+    axis = attrs["axis"]
+    if not types:
+        raise IRTypeError("concatenate needs at least one operand")
+    dt = _same_dtype(types, "concatenate")
+    first = types[0]
+    total = as_expr(0)
+    for t in types:
+        if t.rank != first.rank:
+            raise IRTypeError("concatenate operands differ in rank")
+        for i, (a, b) in enumerate(zip(first.shape, t.shape)):
+            if i != axis:
+                store.guard_eq(a, b, f"concatenate operands dim {i}")
+        total = total + as_expr(t.shape[axis])
+    shape = list(first.shape)
+    shape[axis] = as_dim(total)
+    return TensorType(dt, shape)
+
+
+@_op("pad", 2, "", attrs="low high", doc="pad(x, scalar value); negative amounts crop")
+def _pad(types, attrs, store):
+    t, v = types
+    if v.rank != 0 or v.dtype != t.dtype:
+        raise IRTypeError(f"pad value must be a rank-0 {t.dtype}, got {v}")
+    low, high = attrs["low"], attrs["high"]
+    return t.with_shape(
+        as_dim(as_expr(d) + lo + hi) for d, lo, hi in zip(t.shape, low, high, strict=True)
+    )
+
+
+# --- indexing --------------------------------------------------------------------
+
+
+@_op("gather", 2, "", attrs="axis", doc="x.take(indices, axis): x[:axis] + idx + x[axis+1:]")
+def _gather(types, attrs, store):
+    x, idx = types
+    if not idx.dtype.is_int:
+        raise IRTypeError(f"gather indices must be integers, got {idx}")
+    a = attrs["axis"]
+    return TensorType(x.dtype, x.shape[:a] + idx.shape + x.shape[a + 1 :])
+
+
+@_op("take_along_axis", 2, "", attrs="axis", doc="torch.gather: out[i..] = x[.., idx[i..], ..]")
+def _take_along(types, attrs, store):
+    x, idx = types
+    if not idx.dtype.is_int or idx.rank != x.rank:
+        raise IRTypeError(f"take_along_axis needs integer indices of rank {x.rank}, got {idx}")
+    return TensorType(x.dtype, idx.shape)
+
+
+# --- reductions ------------------------------------------------------------------
+
+REDUCE_KINDS = ("sum", "prod", "max", "min", "any", "all")
+
+
+@_op("reduce", 1, "reduction", attrs="kind axes")
+def _reduce(types, attrs, store):
+    (t,) = types
+    if attrs["kind"] not in REDUCE_KINDS:
+        raise IRTypeError(f"unknown reduce kind {attrs['kind']!r}")
+    axes = attrs["axes"]
+    if any(not 0 <= a < t.rank for a in axes) or len(set(axes)) != len(axes):
+        raise IRTypeError(f"reduce axes {axes} invalid for {t}")
+    dt = DType.b8 if attrs["kind"] in ("any", "all") else t.dtype
+    return TensorType(dt, [d for i, d in enumerate(t.shape) if i not in axes])
+
+
+@_op("argreduce", 1, "reduction", attrs="kind axis", doc="argmax/argmin -> i64, first index wins")
+def _argreduce(types, attrs, store):
+    (t,) = types
+    a = attrs["axis"]
+    if attrs["kind"] not in ("argmax", "argmin") or not 0 <= a < t.rank:
+        raise IRTypeError(f"bad argreduce {attrs} for {t}")
+    return TensorType(DType.i64, t.shape[:a] + t.shape[a + 1 :])
+
+
+@_op("cumulative", 1, "", attrs="kind axis", doc="inclusive scan (sum or prod) along axis")
+def _cumulative(types, attrs, store):
+    return types[0]
+
+
+# --- compute-bound (library) ops ---------------------------------------------------
+
+
+@_op("dot", 2, "library", doc="batched matmul: [..., M, K] x [..., K, N] -> [..., M, N]")
+def _dot(types, attrs, store):
+    a, b = types
+    dt = _same_dtype(types, "dot")
+    if a.rank < 2 or a.rank != b.rank:
+        raise IRTypeError(f"dot needs equal ranks >= 2, got {a} and {b}")
+    for i in range(a.rank - 2):
+        store.guard_eq(a.shape[i], b.shape[i], f"dot batch dim {i}")
+    store.guard_eq(a.shape[-1], b.shape[-2], "dot contraction dim")
+    return TensorType(dt, a.shape[:-1] + b.shape[-1:])
+
+
+def _window_out(d, k, s, p, dil) -> int | SymExpr:
+    return as_dim(floordiv(as_expr(d) + 2 * p - dil * (k - 1) - 1, s) + 1)
+
+
+@_op("convolution", 2, "library", attrs="stride padding dilation groups")
+def _convolution(types, attrs, store):
+    x, w = types
+    dt = _same_dtype(types, "convolution")
+    nsp = x.rank - 2
+    if w.rank != x.rank or nsp < 1:
+        raise IRTypeError(f"convolution needs input/weight of equal rank >= 3, got {x}, {w}")
+    if not all(isinstance(k, int) for k in w.shape):
+        raise IRTypeError(f"convolution weight must be static, got {w}")
+    g = attrs["groups"]
+    store.guard_eq(x.shape[1], w.shape[1] * g, "convolution input channels")
+    spatial = [
+        _window_out(
+            x.shape[2 + i],
+            w.shape[2 + i],
+            attrs["stride"][i],
+            attrs["padding"][i],
+            attrs["dilation"][i],
+        )
+        for i in range(nsp)
+    ]
+    return TensorType(dt, [x.shape[0], w.shape[0], *spatial])
+
+
+@_op("pool", 1, "", attrs="kind kernel stride padding dilation count_include_pad")
+def _pool(types, attrs, store):
+    (x,) = types
+    k = attrs["kernel"]
+    nsp = len(k)
+    if x.rank < nsp + 1:
+        raise IRTypeError(f"pool over {nsp} dims needs rank >= {nsp + 1}, got {x}")
+    lead = x.shape[: x.rank - nsp]
+    spatial = [
+        _window_out(
+            x.shape[x.rank - nsp + i],
+            k[i],
+            attrs["stride"][i],
+            attrs["padding"][i],
+            attrs["dilation"][i],
+        )
+        for i in range(nsp)
+    ]
+    return TensorType(x.dtype, [*lead, *spatial])
+
+
+def check_op_table() -> list[str]:
+    """Sanity of the table itself: every op has a rule and a known arity."""
+    return [n for n, d in OPS.items() if d.rule is None]

@@ -1,0 +1,1 @@
+"""Graph-level passes, one per file, each ``run(graph, options) -> graph``; ``pipeline`` orders them."""

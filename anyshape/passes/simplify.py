@@ -1,0 +1,72 @@
+"""Simplify: remove no-op casts, reshapes, transposes and broadcasts; compose view chains.
+
+Pass contract: needs a verified graph; keeps every output's type; under dynamic
+shapes it compares dims structurally (canonical SymExprs), never by value, so
+it is valid for every size. Leaves fusion decisions to later passes.
+"""
+
+from __future__ import annotations
+
+from ..config import Options
+from ..ir.graph import Graph, Node
+from .rewrite import graph_rewrite
+
+
+def _same_type_noop(node: Node) -> Node | None:
+    src = node.inputs[0]
+    return src if src.type == node.type else None
+
+
+def _transpose_identity(node: Node) -> Node | None:
+    perm = node.attr("perm")
+    return node.inputs[0] if tuple(perm) == tuple(range(len(perm))) else None
+
+
+def _transpose_of_transpose(node: Node) -> Node | None:
+    src = node.inputs[0]
+    if src.op != "transpose":
+        return None
+    inner, outer = src.attr("perm"), node.attr("perm")
+    perm = tuple(inner[p] for p in outer)
+    attrs = tuple(sorted({"perm": perm}.items()))
+    return Node("transpose", src.inputs, attrs, node.type)
+
+
+def _reshape_of_view(node: Node) -> Node | None:
+    src = node.inputs[0]
+    if src.op != "reshape":
+        return None
+    return Node("reshape", src.inputs, node.attrs, node.type)
+
+
+def _convert_of_convert(node: Node) -> Node | None:
+    src = node.inputs[0]
+    # Only widening inner casts are transparent (f32 -> f64 -> f32 is exact).
+    if (
+        src.op == "convert"
+        and src.inputs[0].dtype == node.dtype
+        and src.dtype.itemsize >= node.dtype.itemsize
+        and src.dtype.is_float == node.dtype.is_float
+    ):
+        return src.inputs[0]
+    return None
+
+
+def _broadcast_identity(node: Node) -> Node | None:
+    src = node.inputs[0]
+    dims = node.attr("dims")
+    if src.type == node.type and tuple(dims) == tuple(range(src.rank)):
+        return src
+    return None
+
+
+RULES = {
+    "convert": [_same_type_noop, _convert_of_convert],
+    "reshape": [_same_type_noop, _reshape_of_view],
+    "transpose": [_transpose_identity, _transpose_of_transpose],
+    "broadcast_in_dim": [_broadcast_identity],
+}
+
+
+def run(graph: Graph, options: Options) -> Graph:
+    return graph_rewrite(graph, RULES, "simplify")

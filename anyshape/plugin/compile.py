@@ -1,0 +1,125 @@
+"""Plugin-mode compilation of one captured FX graph: partition, lower, compile, assemble.
+
+Sits between capture (export or Dynamo) and the user-facing module. Produces
+the rewritten GraphModule plus a ``CompileReport`` that explain() prints.
+Counts one compilation per call in ``anyshape.stats()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+
+from ..config import Options
+from ..errors import InputError, UnsupportedError
+from ..frontends.torch.capture import symbol_sources
+from ..frontends.torch.lowering import is_tensor_node, lower_cluster, source_location
+from ..frontends.torch.symbols import TORCH_TO_DTYPE, to_tensor_type
+from ..ir.constraints import ConstraintStore
+from ..runtime.binder import InputSpec, ShapeBinder
+from ..stats import bump
+from .assemble import assemble
+from .compiled_cluster import CompiledCluster
+from .partition import Fallback, PartitionPlan, plan_partitions
+
+
+@dataclass
+class ClusterInfo:
+    name: str
+    aten_ops: dict[str, int]
+    compiled: CompiledCluster
+
+
+@dataclass
+class CompileReport:
+    clusters: list[ClusterInfo] = field(default_factory=list)
+    fallbacks: list[Fallback] = field(default_factory=list)
+    input_specs: list[InputSpec] = field(default_factory=list)
+    facts: list[str] = field(default_factory=list)
+
+
+class ModelPrologue:
+    """Checks a call's flat inputs against the compiled signature before anything runs."""
+
+    def __init__(self, names: list[str], binder: ShapeBinder):
+        self.names = names
+        self.binder = binder
+        self.__name__ = self.__qualname__ = "anyshape_prologue"  # FX codegen names it
+
+    def __call__(self, *inputs):
+        shapes, dtypes = [], []
+        for name, t in zip(self.names, inputs):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"input {name!r} must be a tensor, got {type(t).__name__}")
+            if t.dtype not in TORCH_TO_DTYPE:
+                raise InputError(f"input {name!r} has unsupported dtype {t.dtype}")
+            shapes.append(tuple(t.shape))
+            dtypes.append(TORCH_TO_DTYPE[t.dtype])
+        self.binder.bind(shapes, dtypes)
+
+    def __repr__(self) -> str:
+        return "anyshape_prologue"
+
+
+def _model_prologue(gm: fx.GraphModule, ranges) -> ModelPrologue:
+    store = ConstraintStore()
+    for sym, (lo, hi) in ranges.items():
+        store.add_symbol(sym, lo, hi)
+    names, specs = [], []
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor):
+            ty = to_tensor_type(n.meta["val"])
+            names.append(n.name)
+            specs.append(InputSpec(n.name, ty.dtype, ty.shape))
+    return ModelPrologue(names, ShapeBinder(specs, store, what="the compiled model"))
+
+
+def compile_graph(
+    gm: fx.GraphModule, ranges: dict, options: Options, with_prologue: bool, count: bool = True
+) -> tuple[fx.GraphModule, CompileReport]:
+    """Compile the supported clusters of ``gm`` in place; return it with a report.
+
+    ``count=False`` leaves ``stats()["compilations"]`` to the caller (which may
+    discard this result and compile again).
+    """
+    plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
+    report = CompileReport(fallbacks=list(plan.fallbacks))
+    built = []
+    for nodes in plan.clusters:
+        name = f"cluster{len(built)}"
+        try:
+            lowered = lower_cluster(nodes, gm, name, ranges)
+            compiled = CompiledCluster(lowered, options)
+        except UnsupportedError as e:
+            report.fallbacks += [
+                Fallback(n, f"cluster failed to compile: {e}", source_location(n))
+                for n in nodes
+                if is_tensor_node(n)
+            ]
+            continue
+        built.append((nodes, lowered.inputs, lowered.outputs, compiled))
+        ops: dict[str, int] = {}
+        for n in nodes:
+            if is_tensor_node(n):
+                ops[str(n.target)] = ops.get(str(n.target), 0) + 1
+        report.clusters.append(ClusterInfo(name, ops, compiled))
+        if options.debug >= 2:
+            print(compiled.graph)
+    prologue = None
+    if with_prologue:
+        prologue = _model_prologue(gm, ranges)
+        report.input_specs = prologue.binder.specs
+        report.facts = [
+            f"{s} in [{lo}, {'inf' if hi is None else hi}]" for s, lo, hi in prologue.binder.ranges
+        ]
+    assemble(gm, built, symbol_sources(gm), prologue)
+    if count:
+        bump("compilations")
+    bump("clusters", len(built))
+    bump("compiled_ops", sum(sum(c.aten_ops.values()) for c in report.clusters))
+    bump("fallback_ops", len(report.fallbacks))
+    if options.debug >= 1:
+        print(f"anyshape: compiled {len(built)} clusters, {len(report.fallbacks)} ops fall back")
+    return gm, report

@@ -1,0 +1,77 @@
+"""One compiled unit: a lowered cluster run through the pass pipeline and a backend.
+
+Sits at the end of plugin-mode compilation. A ``CompiledCluster`` is called
+with the cluster's input tensors (plus the values of any symbols its inputs do
+not carry); it binds the symbols and checks its shape guards in its prologue
+(``ShapeBinder``), runs the graph, and returns output tensors that share memory
+with the computed arrays (no copy). It holds no per-call state, so one
+instance serves many threads at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..config import Options
+from ..frontends.torch.lowering import LoweredCluster, tensor_to_numpy
+from ..ir.graph import Graph
+from ..passes.pipeline import run_pipeline
+from ..runtime.binder import InputSpec, ShapeBinder
+from ..runtime.interpreter import run_graph
+
+
+def graph_symbols(graph: Graph) -> frozenset[str]:
+    """Every symbol the graph's types and attributes mention."""
+    from ..ir.symbolic import SymExpr
+
+    out: set[str] = set()
+
+    def visit(v):
+        if isinstance(v, SymExpr):
+            out.update(v.free_symbols)
+        elif isinstance(v, tuple):
+            for x in v:
+                visit(x)
+
+    for n in graph.nodes():
+        out.update(n.type.free_symbols)
+        for _, v in n.attrs:
+            visit(v)
+    return frozenset(out)
+
+
+class CompiledCluster:
+    """A callable compiled unit for one cluster of an FX graph."""
+
+    def __init__(self, lowered: LoweredCluster, options: Options):
+        self.graph = run_pipeline(lowered.graph, options)
+        specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in self.graph.inputs]
+        self.binder = ShapeBinder(specs, self.graph.constraints, what=f"cluster @{self.graph.name}")
+        self.extra_symbols = sorted(graph_symbols(self.graph) - self.binder.origin.keys())
+        self.num_tensor_inputs = len(specs)
+        self.__name__ = self.__qualname__ = f"anyshape_{self.graph.name}"  # FX codegen names it
+        # Outputs that are graph inputs are returned as the same tensor object.
+        self._passthrough = [
+            self.graph.inputs.index(o) if o in self.graph.inputs else -1 for o in self.graph.outputs
+        ]
+
+    def __call__(self, *args):
+        n = self.num_tensor_inputs
+        tensors = args[:n]
+        env = {s: int(v) for s, v in zip(self.extra_symbols, args[n:])}
+        arrays = [tensor_to_numpy(t) for t in tensors]
+        env = self.binder.bind([a.shape for a in arrays], None, env)
+        outs = run_graph(self.graph, arrays, env)
+        result = []
+        for o, src in zip(outs, self._passthrough):
+            if src >= 0:
+                result.append(tensors[src])
+                continue
+            if not o.flags.writeable:  # a broadcast view: torch needs owned memory
+                o = np.array(o)
+            result.append(torch.from_numpy(o))
+        return tuple(result)
+
+    def __repr__(self) -> str:
+        return f"CompiledCluster(@{self.graph.name}, {len(self.graph.nodes())} nodes)"

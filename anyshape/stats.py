@@ -1,0 +1,34 @@
+"""Process-wide compile counters: the one piece of module state besides the op registries.
+
+``anyshape.stats()["compilations"]`` counts graphs compiled in this process (one
+per ``optimize`` call, one per graph TorchDynamo hands the backend); tests use
+it to prove that a stream of shapes never recompiles.
+"""
+
+from __future__ import annotations
+
+import threading
+
+_lock = threading.Lock()
+_counters: dict[str, int] = {}
+
+
+def reset_stats() -> None:
+    """Zero every counter."""
+    with _lock:
+        _counters.clear()
+        _counters.update({"compilations": 0, "clusters": 0, "fallback_ops": 0, "compiled_ops": 0})
+
+
+def bump(key: str, n: int = 1) -> None:
+    with _lock:
+        _counters[key] = _counters.get(key, 0) + n
+
+
+def stats() -> dict[str, int]:
+    """A snapshot of the counters: compilations, clusters, compiled_ops, fallback_ops."""
+    with _lock:
+        return dict(_counters)
+
+
+reset_stats()

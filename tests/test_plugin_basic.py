@@ -1,0 +1,75 @@
+"""Plugin mode on small hand-written models: any shape, one compilation, clear errors."""
+
+import pytest
+import torch
+
+import anyshape
+
+
+class MixedOps(torch.nn.Module):
+    def forward(self, x, y):
+        z = torch.relu(x * 2 + y)
+        return z, (x[:, 1:] - 1).transpose(0, 1), torch.where(x > 0, x, y)
+
+
+def test_stream_of_shapes_compiles_once():
+    model = MixedOps().eval()
+    anyshape.reset_stats()
+    opt = anyshape.optimize(model, (torch.randn(3, 8), torch.randn(3, 8)))
+    for shape in [(3, 8), (1, 8), (5, 13), (0, 4), (1, 1), (7, 2)]:
+        x, y = torch.randn(*shape), torch.randn(*shape)
+        for got, want in zip(opt(x, y), model(x, y)):
+            assert got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert anyshape.stats()["compilations"] == 1
+
+
+def test_example_with_batch_one_still_serves_every_batch():
+    model = MixedOps().eval()
+    opt = anyshape.optimize(model, (torch.randn(1, 8), torch.randn(1, 8)))
+    for shape in [(4, 8), (1, 3), (2, 1)]:
+        x, y = torch.randn(*shape), torch.randn(*shape)
+        for got, want in zip(opt(x, y), model(x, y)):
+            torch.testing.assert_close(got, want)
+
+
+def test_mismatched_shared_dim_names_input_and_dim():
+    opt = anyshape.optimize(MixedOps().eval(), (torch.randn(3, 8), torch.randn(3, 8)))
+    with pytest.raises(anyshape.InputError, match=r"input 'y' dim 0: expected 3 .* got 4"):
+        opt(torch.randn(3, 8), torch.randn(4, 8))
+
+
+def test_wrong_rank_dtype_and_count_are_clear_errors():
+    opt = anyshape.optimize(MixedOps().eval(), (torch.randn(3, 8), torch.randn(3, 8)))
+    with pytest.raises(anyshape.InputError, match=r"input 'x' has rank 3 .* expected rank 2"):
+        opt(torch.randn(3, 8, 1), torch.randn(3, 8))
+    with pytest.raises(anyshape.InputError, match=r"input 'x' has dtype f64, expected f32"):
+        opt(torch.randn(3, 8, dtype=torch.float64), torch.randn(3, 8))
+    with pytest.raises(anyshape.InputError, match=r"expects 2 inputs .* got 3"):
+        opt(torch.randn(3, 8), torch.randn(3, 8), torch.randn(3, 8))
+
+
+def test_unsupported_op_falls_back_with_reason_and_location():
+    class WithSort(torch.nn.Module):
+        def forward(self, x):
+            return torch.sort(x + 1, dim=-1).values * 2
+
+    model = WithSort().eval()
+    report = anyshape.explain(model, (torch.randn(2, 5),))
+    text = str(report)
+    assert "aten.sort" in text and "no lowering" in text
+    assert "test_plugin_basic.py" in text  # the model's own source line
+    opt = anyshape.optimize(model, (torch.randn(2, 5),))
+    x = torch.randn(4, 9)
+    torch.testing.assert_close(opt(x), model(x))
+
+
+def test_uncapturable_model_gives_actionable_error():
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:
+                return x + 1
+            return x - 1
+
+    with pytest.raises(anyshape.CaptureError, match="backend='anyshape'"):
+        anyshape.optimize(DataDependent(), (torch.randn(2, 3),))
