@@ -6,13 +6,14 @@ over FX graphs with symbolic sizes; AOTAutograd decomposes them to core ATen
 ``compile_graph`` (one compilation per graph Dynamo hands over). Backward
 graphs, when gradients are needed, run in PyTorch.
 
-Dynamo specializes sizes 0 and 1 unless tracing is size-oblivious, which would
-compile one graph for batch 2+, another for batch 1 and another for batch 0.
-Loading this backend therefore turns on
-``torch.fx.experimental._config.backed_size_oblivious`` for the process (torch
-finds this module through the ``torch_dynamo_backends`` entry point when
-``backend="anyshape"`` is first used, before anything is traced), so one graph
-serves every size. Guards Dynamo installs for other reasons still apply.
+Sizes 0 and 1: Dynamo specializes them (a graph traced at batch 4 guards
+``batch != 1``), so a stream that later sends batch 1 gets a second graph from
+Dynamo, and each graph Dynamo hands over is one anyshape compilation. Tracing
+size-oblivious (``torch.fx.experimental._config.backed_size_oblivious``) would
+avoid that, but with torch 2.13 it breaks transformers' SDPA attention
+(``is_causal`` becomes a SymBool; mask broadcasting fails in fake tensors) and
+views still guard ``64*s0 != 64``; so this backend leaves Dynamo's defaults
+alone. ``anyshape.optimize`` captures once for every size, 0 and 1 included.
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from torch._functorch.aot_autograd import make_boxed_func
 
 from ..config import Options
 from .compile import compile_graph
-
-torch.fx.experimental._config.backed_size_oblivious = True
 
 
 def _symbol_ranges(example_inputs) -> dict[str, tuple[int, int | None]]:

@@ -28,6 +28,21 @@ class Captured:
     exported: object  # the ExportedProgram
 
 
+# Composite ops kept whole: anyshape lowers them itself (one fused attention
+# later), and torch 2.13's own decomposition of SDPA under symbolic sizes makes
+# fake strides that later views reject (GPT-2 fails to capture with it).
+KEEP_WHOLE = ("scaled_dot_product_attention.default",)
+
+
+def decomposition_table() -> dict:
+    """torch.export's core-ATen decompositions minus the composites anyshape keeps whole."""
+    table = torch.export.default_decompositions()
+    for name in KEEP_WHOLE:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    return table
+
+
 def _auto_dynamic(value):
     from torch.export import Dim
 
@@ -86,13 +101,11 @@ def capture_export(
     if dynamic_shapes is None:
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
     try:
-        # Size-oblivious tracing: an example dim of 0 or 1 stays symbolic instead of
-        # being specialized, so the graph serves every size.
-        with torch.no_grad(), torch.fx.experimental._config.patch(backed_size_oblivious=True):
+        with torch.no_grad():
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
-            ep = ep.run_decompositions()
+            ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # torch raises many types here; all mean "could not capture"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(
