@@ -39,17 +39,33 @@ class OptimizedModule(torch.nn.Module):
         self.graph_module = graph_module
         self.report = report
         self._name = name
-        self._num_inputs = sum(1 for n in graph_module.graph.nodes if n.op == "placeholder")
+        self._names = [n.name for n in graph_module.graph.nodes if n.op == "placeholder"]
+        self._in_spec = getattr(graph_module, "_in_spec", None)
 
     def forward(self, *args, **kwargs):
-        flat = pytree.tree_leaves((args, kwargs))
-        if len(flat) != self._num_inputs:
-            names = ", ".join(s.name for s in self.report.input_specs)
-            raise InputError(
-                f"compiled {self._name} expects {self._num_inputs} inputs ({names}), "
-                f"got {len(flat)}"
-            )
+        self._check_structure(args, kwargs)
         return self.graph_module(*args, **kwargs)
+
+    def _check_structure(self, args, kwargs) -> None:
+        """Inputs must have the example's structure, with a tensor at every leaf."""
+        import torch.fx._pytree as fx_pytree
+
+        args_spec, kwargs_spec = self._in_spec.children_specs
+        flat = None
+        if len(args) == args_spec.num_children and set(kwargs) == set(kwargs_spec.context):
+            try:
+                flat = fx_pytree.tree_flatten_spec((tuple(args), kwargs), self._in_spec)
+            except Exception:  # any structural mismatch; reported below
+                flat = None
+        if flat is None or len(flat) != len(self._names):
+            raise InputError(
+                f"compiled {self._name} expects {len(self._names)} inputs "
+                f"({', '.join(self._names)}) structured like the example; got positional "
+                f"{[type(a).__name__ for a in args]} and keywords {sorted(kwargs)}"
+            )
+        for name, leaf in zip(self._names, flat):
+            if not isinstance(leaf, torch.Tensor):
+                raise InputError(f"input {name!r} must be a tensor, got {type(leaf).__name__}")
 
     def explain(self) -> ExplainReport:
         return ExplainReport(self.report)

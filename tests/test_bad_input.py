@@ -1,0 +1,65 @@
+"""Bad input to a compiled model: an InputError that names the input and dim, expected vs got."""
+
+import pytest
+import torch
+import transformers
+
+import anyshape
+
+
+@pytest.fixture(scope="module")
+def bert():
+    cfg = transformers.BertConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=50,
+        max_position_embeddings=40,
+    )
+    model = transformers.BertModel(cfg).eval()
+    ids, mask = torch.randint(0, 50, (2, 9)), torch.ones(2, 9, dtype=torch.long)
+    return model, anyshape.optimize(model, {"input_ids": ids, "attention_mask": mask})
+
+
+def test_inputs_that_must_share_sequence_length(bert):
+    _, opt = bert
+    ids, mask = torch.randint(0, 50, (3, 12)), torch.ones(3, 17, dtype=torch.long)
+    with pytest.raises(anyshape.InputError) as err:
+        opt(input_ids=ids, attention_mask=mask)
+    msg = str(err.value)
+    assert "input 'attention_mask' dim 1: expected 12" in msg and "got 17" in msg
+    assert "input 'input_ids' dim 1" in msg  # where the expectation came from
+
+
+def test_sequence_longer_than_the_model_supports(bert):
+    _, opt = bert
+    ids, mask = torch.randint(0, 50, (1, 41)), torch.ones(1, 41, dtype=torch.long)
+    with pytest.raises(anyshape.InputError, match=r"dim 1 = 41 is outside the range .*\[0, 40\]"):
+        opt(input_ids=ids, attention_mask=mask)
+
+
+def test_wrong_dtype_names_the_input(bert):
+    _, opt = bert
+    ids = torch.randint(0, 50, (2, 5)).to(torch.int32)
+    with pytest.raises(anyshape.InputError, match="input 'input_ids' has dtype i32, expected i64"):
+        opt(input_ids=ids, attention_mask=torch.ones(2, 5, dtype=torch.long))
+
+
+def test_non_tensor_input_is_named(bert):
+    _, opt = bert
+    with pytest.raises(anyshape.InputError, match="input 'attention_mask' must be a tensor"):
+        opt(input_ids=torch.randint(0, 50, (2, 5)), attention_mask=[[1] * 5] * 2)
+
+
+def test_valid_edge_shapes_still_match_eager(bert):
+    model, opt = bert
+    for b, s in [(1, 1), (1, 40), (5, 3)]:
+        ids, mask = torch.randint(0, 50, (b, s)), torch.ones(b, s, dtype=torch.long)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                opt(input_ids=ids, attention_mask=mask).last_hidden_state,
+                model(input_ids=ids, attention_mask=mask).last_hidden_state,
+                rtol=1e-4,
+                atol=1e-4,
+            )
