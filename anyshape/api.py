@@ -50,7 +50,7 @@ class OptimizedModule(torch.nn.Module):
         """Inputs must have the example's structure, with a tensor at every leaf."""
         import torch.fx._pytree as fx_pytree
 
-        args_spec, kwargs_spec = self._in_spec.children_specs
+        args_spec, kwargs_spec = self._in_spec.children()
         flat = None
         if len(args) == args_spec.num_children and set(kwargs) == set(kwargs_spec.context):
             try:
