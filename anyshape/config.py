@@ -25,6 +25,10 @@ class Options:
         default=False,
         metadata={"help": "run the IR verifier after every pass (the test suite turns it on)"},
     )
+    backend: str = field(
+        default="interpreter",
+        metadata={"help": "cpu: generated C++ kernels (default); interpreter: the NumPy reference"},
+    )
     min_cluster_ops: int = field(
         default=1, metadata={"help": "clusters with fewer compiled ops run in PyTorch instead"}
     )

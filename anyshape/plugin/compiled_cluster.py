@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..codegen.cpu.executable import CpuExecutable
 from ..config import Options
 from ..frontends.torch.lowering import LoweredCluster, tensor_to_numpy
 from ..ir.graph import Graph
@@ -55,19 +56,30 @@ class CompiledCluster:
         self._passthrough = [
             self.graph.inputs.index(o) if o in self.graph.inputs else -1 for o in self.graph.outputs
         ]
+        self.backend = options.backend
+        self.native = None
+        if options.backend == "cpu":
+            self.native = CpuExecutable(self.graph, self.extra_symbols, torch.get_num_threads())
+        elif options.backend != "interpreter":
+            raise ValueError(f"unknown backend {options.backend!r} (cpu or interpreter)")
 
     def __call__(self, *args):
         n = self.num_tensor_inputs
         tensors = args[:n]
-        env = {s: int(v) for s, v in zip(self.extra_symbols, args[n:])}
         arrays = [tensor_to_numpy(t) for t in tensors]
-        env = self.binder.bind([a.shape for a in arrays], None, env)
-        outs = run_graph(self.graph, arrays, env)
+        if self.native is not None:
+            outs = self.native(arrays, [int(v) for v in args[n:]])
+        else:
+            env = {s: int(v) for s, v in zip(self.extra_symbols, args[n:])}
+            env = self.binder.bind([a.shape for a in arrays], None, env)
+            outs = run_graph(self.graph, arrays, env)
         result = []
-        for o, src in zip(outs, self._passthrough):
+        for o, node, src in zip(outs, self.graph.outputs, self._passthrough):
             if src >= 0:
                 result.append(tensors[src])
                 continue
+            if o is None:  # a weight returned as is
+                o = self.graph.params[node.attr("name")]
             if not o.flags.writeable:  # a broadcast view: torch needs owned memory
                 o = np.array(o)
             result.append(torch.from_numpy(o))

@@ -1,0 +1,1 @@
+"""Code generation: turning a planned IR graph into native code (CPU first)."""

@@ -1,0 +1,61 @@
+"""C++ spellings of IR dtypes and literals for the CPU backend.
+
+Sits at the bottom of the C++ emitter. Float literals are written in hex so the
+generated code holds exactly the value the graph holds; f16 is stored as
+``_Float16`` and computed in float.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...errors import UnsupportedError
+from ...ir.dtypes import DType
+
+C_TYPE = {
+    DType.b8: "bool",
+    DType.i8: "int8_t",
+    DType.u8: "uint8_t",
+    DType.i16: "int16_t",
+    DType.i32: "int32_t",
+    DType.i64: "int64_t",
+    DType.f16: "_Float16",
+    DType.f32: "float",
+    DType.f64: "double",
+}
+
+# The type arithmetic happens in (f16 computes in float, like torch's opmath).
+COMPUTE_TYPE = {**C_TYPE, DType.f16: "float"}
+
+# Codes shared with the runtime's tensor descriptors.
+DTYPE_CODE = {d: i for i, d in enumerate(DType)}
+
+
+def c_type(dt: DType) -> str:
+    try:
+        return C_TYPE[dt]
+    except KeyError:
+        raise UnsupportedError(f"dtype {dt} is not supported by the CPU backend") from None
+
+
+def compute_type(dt: DType) -> str:
+    c_type(dt)
+    return COMPUTE_TYPE[dt]
+
+
+def literal(value, dt: DType) -> str:
+    """A C++ literal of ``value`` in the compute type of ``dt``."""
+    if dt.is_bool:
+        return "true" if value else "false"
+    if dt.is_int:
+        v = int(value)
+        if dt is DType.i64:
+            return f"INT64_C({v})"
+        return f"(({compute_type(dt)}){v})"
+    v = float(value)
+    ct = compute_type(dt)
+    if math.isnan(v):
+        return f"(({ct})NAN)"
+    if math.isinf(v):
+        return f"(({ct})({'-' if v < 0 else ''}INFINITY))"
+    return f"(({ct}){v.hex()})"

@@ -1,0 +1,41 @@
+"""A graph compiled by the CPU backend, ready to call: codegen, build, load.
+
+Sits on top of the CPU backend: ``CpuExecutable(graph, extra_symbols)`` emits
+the translation unit, builds it through the cache and loads it. Calling it
+with NumPy arrays (and the values of symbols the inputs do not carry) returns
+one array per graph output, or ``None`` where the output is an input or weight
+that the caller passes through itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir.graph import Graph
+from ...runtime.native import NativeGraph
+from .build import build_library
+from .host import emit_translation_unit
+
+
+class CpuExecutable:
+    def __init__(self, graph: Graph, extra_symbols: list[str], num_threads: int = 0):
+        program = emit_translation_unit(graph, extra_symbols)
+        self.source = program.source
+        path = build_library(program.source, graph.name)
+        slot_dtypes: dict[int, object] = {}
+        for out, slot in zip(graph.outputs, program.output_slots):
+            if slot >= 0:
+                slot_dtypes[slot] = out.dtype
+        params = [graph.params[name] for name in program.param_names]
+        self.native = NativeGraph(
+            path,
+            program.output_slots,
+            [slot_dtypes[k] for k in sorted(slot_dtypes)],
+            params,
+            num_threads,
+        )
+        self.output_slots = program.output_slots
+
+    def __call__(self, arrays: list[np.ndarray], extra: list[int]) -> list[np.ndarray | None]:
+        results = self.native(arrays, extra)
+        return [results[s] if s >= 0 else None for s in self.output_slots]

@@ -1,0 +1,283 @@
+"""C++ expressions for fused values: what a node's element at a given index is.
+
+Sits under ``kernels``. A ``KernelScope`` collects one kernel's parameters (the
+buffers it reads or writes as ``P[k]``, the run-time integers it needs as
+``D[k]``) and its statements; ``value(node, idx)`` returns a C++ expression for
+``node`` at index vector ``idx`` (C++ expressions over loop variables), walking
+through fused producers and loading from materialized ones. Because kernels
+see only ``P``/``D``, identical loop nests (repeated layers) print identically
+and are emitted once.
+
+Reads stay in bounds even under selects that discard them: pad, concatenate and
+gather clamp the index they read with, and every buffer has at least one
+element of backing storage.
+"""
+
+from __future__ import annotations
+
+from ...errors import UnsupportedError
+from ...ir.graph import Node
+from ...ir.symbolic import SymExpr, as_dim, as_expr
+from .ctypes_map import c_type, compute_type, literal
+from .schedule import Schedule
+
+UNARY = {
+    "neg": "(-{0})",
+    "abs": "std::abs({0})",
+    "exp": "std::exp({0})",
+    "log": "std::log({0})",
+    "log1p": "std::log1p({0})",
+    "expm1": "std::expm1({0})",
+    "sqrt": "std::sqrt({0})",
+    "rsqrt": "(({t})1 / std::sqrt({0}))",
+    "sin": "std::sin({0})",
+    "cos": "std::cos({0})",
+    "tan": "std::tan({0})",
+    "asin": "std::asin({0})",
+    "acos": "std::acos({0})",
+    "atan": "std::atan({0})",
+    "sinh": "std::sinh({0})",
+    "cosh": "std::cosh({0})",
+    "tanh": "std::tanh({0})",
+    "asinh": "std::asinh({0})",
+    "acosh": "std::acosh({0})",
+    "atanh": "std::atanh({0})",
+    "erf": "std::erf({0})",
+    "sigmoid": "(({t})1 / (({t})1 + std::exp(-{0})))",
+    "floor": "std::floor({0})",
+    "ceil": "std::ceil({0})",
+    "round": "std::nearbyint({0})",
+    "trunc": "std::trunc({0})",
+    "sign": "as_sign({0})",
+    "bitwise_not": "(~{0})",
+    "isnan": "std::isnan({0})",
+    "isinf": "std::isinf({0})",
+}
+BINARY = {
+    "add": "({0} + {1})",
+    "sub": "({0} - {1})",
+    "mul": "({0} * {1})",
+    "max": "as_max({0}, {1})",
+    "min": "as_min({0}, {1})",
+    "pow": "as_pow({0}, {1})",
+    "atan2": "std::atan2({0}, {1})",
+    "and": "({0} & {1})",
+    "or": "({0} | {1})",
+    "xor": "({0} ^ {1})",
+    "shl": "({0} << {1})",
+    "shr": "({0} >> {1})",
+    "eq": "({0} == {1})",
+    "ne": "({0} != {1})",
+    "lt": "({0} < {1})",
+    "le": "({0} <= {1})",
+    "gt": "({0} > {1})",
+    "ge": "({0} >= {1})",
+}
+BOOL_LOGIC = {"and": "({0} && {1})", "or": "({0} || {1})", "xor": "({0} != {1})"}
+
+
+class KernelScope:
+    """Parameters and statements of one kernel being emitted."""
+
+    def __init__(self, sched: Schedule, buffer_of: dict[int, int]):
+        self.sched = sched
+        self.buffer_of = buffer_of  # node id -> buffer id
+        self.ptrs: list[int] = []  # buffer ids, P[k]
+        self.ints: list[SymExpr] = []  # run-time integers, D[k]
+        self.lines: list[str] = []
+        self.memo: dict[tuple, str] = {}
+        self.counter = 0
+        self.needs_error_flag = False
+
+    # --- parameters ------------------------------------------------------
+    def ptr(self, node: Node) -> str:
+        b = self.buffer_of[id(node)]
+        if b not in self.ptrs:
+            self.ptrs.append(b)
+        return f"P[{self.ptrs.index(b)}]"
+
+    def integer(self, source) -> str:
+        if source not in self.ints:
+            self.ints.append(source)
+        return f"D[{self.ints.index(source)}]"
+
+    def dim(self, d) -> str:
+        d = as_dim(d)
+        return str(d) if isinstance(d, int) else self.integer(d)
+
+    def stride(self, node: Node, i: int) -> str:
+        """Element stride of dim ``i``: every buffer is contiguous (the runtime ensures it)."""
+        return self.dim(_product(node.shape[i + 1 :]))
+
+    def tmp(self, ctype: str, expr: str) -> str:
+        name = f"t{self.counter}"
+        self.counter += 1
+        self.lines.append(f"const {ctype} {name} = {expr};")
+        return name
+
+    # --- values ------------------------------------------------------------
+    def load(self, node: Node, idx) -> str:
+        buf = self.ptr(node)
+        terms = [
+            i if self.stride(node, k) == "1" else f"({i}) * {self.stride(node, k)}"
+            for k, i in enumerate(idx)
+        ]
+        off = " + ".join(terms) if terms else "0"
+        raw = f"((const {c_type(node.dtype)}*){buf})[{off}]"
+        ct = compute_type(node.dtype)
+        return raw if ct == c_type(node.dtype) else f"(({ct}){raw})"
+
+    def value(self, node: Node, idx: tuple[str, ...]) -> str:
+        key = (id(node), tuple(idx))
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        if self.sched.is_materialized(node):
+            expr = self.load(node, idx)
+        else:
+            expr = self._fused(node, tuple(idx))
+        if not _is_simple(expr):
+            expr = self.tmp(compute_type(node.dtype), expr)
+        self.memo[key] = expr
+        return expr
+
+    def _fused(self, n: Node, idx: tuple[str, ...]) -> str:
+        op, t = n.op, compute_type(n.dtype)
+        if op == "constant":
+            return literal(n.attr("value"), n.dtype)
+        if op == "shape_scalar":
+            return f"(({t}){self.dim(n.attr('expr'))})"
+        if op == "iota":
+            return f"(({t})({idx[n.attr('dim')]}))"
+        if op == "convert":
+            x = self.value(n.inputs[0], idx)
+            return f"({x} != 0)" if n.dtype.is_bool else f"(({t})({x}))"
+        if op in UNARY:
+            return UNARY[op].format(self.value(n.inputs[0], idx), t=t)
+        if op in BINARY:
+            a, b = (self.value(i, idx) for i in n.inputs)
+            table = BOOL_LOGIC if n.inputs[0].dtype.is_bool and op in BOOL_LOGIC else BINARY
+            return table[op].format(a, b)
+        if op in ("div", "rem"):
+            a, b = (self.value(i, idx) for i in n.inputs)
+            return self._divide(n, a, b)
+        if op == "select":
+            c, a, b = (self.value(i, idx) for i in n.inputs)
+            return f"({c} ? {a} : {b})"
+        handler = getattr(self, f"_op_{op}", None)
+        if handler is None:
+            raise UnsupportedError(f"the CPU backend cannot fuse {op}")
+        return handler(n, idx)
+
+    def _divide(self, n: Node, a: str, b: str) -> str:
+        if n.dtype.is_float:
+            return f"({a} / {b})" if n.op == "div" else f"std::fmod({a}, {b})"
+        self.needs_error_flag = True
+        fn = "as_idiv" if n.op == "div" else "as_irem"
+        return f"{fn}({a}, {b}, err)"
+
+    # --- index ops ---------------------------------------------------------
+    def _op_broadcast_in_dim(self, n: Node, idx):
+        x = n.inputs[0]
+        src = []
+        for i, d in enumerate(n.attr("dims")):
+            size = x.shape[i]
+            if size == 1:
+                src.append("0")
+            elif isinstance(size, int) or size == n.shape[d]:
+                src.append(idx[d])
+            else:
+                src.append(f"({self.dim(size)} == 1 ? 0 : {idx[d]})")
+        return self.value(x, tuple(src))
+
+    def _op_transpose(self, n: Node, idx):
+        perm = n.attr("perm")
+        src = [""] * len(perm)
+        for j, p in enumerate(perm):
+            src[p] = idx[j]
+        return self.value(n.inputs[0], tuple(src))
+
+    def _op_slice(self, n: Node, idx):
+        src = []
+        for i, (s, k) in enumerate(zip(n.attr("start"), n.attr("stride"))):
+            base = idx[i] if k == 1 else f"{idx[i]} * {k}"
+            src.append(base if s == 0 else f"{self.dim(s)} + {base}")
+        return self.value(n.inputs[0], tuple(src))
+
+    def _op_reshape(self, n: Node, idx):
+        x = n.inputs[0]
+        if tuple(x.shape) == tuple(n.shape):
+            return self.value(x, idx)
+        lin = self.tmp("int64_t", self._linear(n.shape, idx))
+        src = []
+        for i in range(x.rank):
+            inner = _product(x.shape[i + 1 :])
+            q = lin if inner == 1 else f"({lin} / {self.dim(inner)})"
+            src.append(q if i == 0 else f"({q} % {self.dim(x.shape[i])})")
+        return self.value(x, tuple(src))
+
+    def _linear(self, shape, idx) -> str:
+        terms = []
+        for i, ix in enumerate(idx):
+            inner = _product(shape[i + 1 :])
+            terms.append(ix if inner == 1 else f"({ix}) * {self.dim(inner)}")
+        return " + ".join(terms) if terms else "0"
+
+    def _clamped(self, i: str, size) -> str:
+        return f"as_clamp({i}, {self.dim(size)})"
+
+    def _op_pad(self, n: Node, idx):
+        x, v = n.inputs
+        conds, src = [], []
+        for i, (lo, d) in enumerate(zip(n.attr("low"), x.shape)):
+            j = self.tmp("int64_t", f"{idx[i]} - {lo}" if lo else idx[i])
+            conds.append(f"{j} >= 0 && {j} < {self.dim(d)}")
+            src.append(self._clamped(j, d))
+        inside = " && ".join(conds) or "true"
+        return f"(({inside}) ? {self.value(x, tuple(src))} : {self.value(v, ())})"
+
+    def _op_concatenate(self, n: Node, idx):
+        axis = n.attr("axis")
+        offset: SymExpr | int = 0
+        pieces = []
+        for x in n.inputs:
+            size = x.shape[axis]
+            j = self.tmp("int64_t", f"{idx[axis]} - {self.dim(offset)}")
+            src = list(idx)
+            src[axis] = self._clamped(j, size)
+            pieces.append((f"{j} < {self.dim(size)}", self.value(x, tuple(src))))
+            offset = as_dim(as_expr(offset) + as_expr(size))
+        expr = pieces[-1][1]
+        for cond, val in reversed(pieces[:-1]):
+            expr = f"({cond} ? {val} : {expr})"
+        return expr
+
+    def _index_value(self, idx_node: Node, idx, size) -> str:
+        self.needs_error_flag = True
+        raw = self.value(idx_node, idx)
+        return self.tmp("int64_t", f"as_index((int64_t)({raw}), {self.dim(size)}, err)")
+
+    def _op_gather(self, n: Node, idx):
+        x, ind = n.inputs
+        a, r = n.attr("axis"), ind.rank
+        j = self._index_value(ind, idx[a : a + r], x.shape[a])
+        return self.value(x, tuple(idx[:a]) + (j,) + tuple(idx[a + r :]))
+
+    def _op_take_along_axis(self, n: Node, idx):
+        x, ind = n.inputs
+        a = n.attr("axis")
+        j = self._index_value(ind, idx, x.shape[a])
+        src = list(idx)
+        src[a] = j
+        return self.value(x, tuple(src))
+
+
+def _product(dims):
+    out = SymExpr.const(1)
+    for d in dims:
+        out = out * d
+    return as_dim(out)
+
+
+def _is_simple(expr: str) -> bool:
+    return expr.isidentifier() or expr.replace(".", "").replace("-", "").isdigit()

@@ -1,0 +1,192 @@
+"""The host program: one C++ function per compiled graph that runs a whole call.
+
+Sits at the end of CPU codegen. ``emit_translation_unit`` prints the prelude,
+each distinct kernel once, and ``anyshape_main``, which
+
+1. binds every symbol once from the input shapes (the same plan as the Python
+   ``ShapeBinder``) and checks ranks, static dims, shared dims, ranges and the
+   graph's guards, writing an error that names the input and dim;
+2. takes input and weight buffers in place and allocates every other buffer,
+   sized by expressions over the symbols;
+3. calls the kernels in order, each with its ``P``/``D`` arrays;
+4. hands output buffers (and their shapes) back to the caller, which owns them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from importlib import resources
+
+from ...ir.graph import Graph, Node
+from ...ir.symbolic import SymExpr, as_dim, format_expr
+from ...runtime.binder import InputSpec, ShapeBinder
+from .kernels import Kernel, emit_kernel
+from .schedule import SOURCE_OPS, plan_schedule
+
+
+def c_int(e, sym=lambda s: f"S_{s}") -> str:
+    """A SymExpr (or int) as a C int64 expression over bound symbols ``S_<name>``."""
+    e = as_dim(e)
+    if isinstance(e, int):
+        return f"INT64_C({e})"
+    terms = []
+    for mono, coeff in e.terms:
+        factors = [] if coeff == 1 and mono else [f"INT64_C({coeff})"]
+        for atom, p in mono:
+            if isinstance(atom, str):
+                base = sym(atom)
+            else:
+                args = [c_int(a, sym) for a in atom.args]
+                fn = {
+                    "floordiv": "as_floordiv",
+                    "mod": "as_mod",
+                    "max": "std::max<int64_t>",
+                    "min": "std::min<int64_t>",
+                }[atom.kind]
+                base = (
+                    _fold(fn, args) if atom.kind in ("max", "min") else f"{fn}({', '.join(args)})"
+                )
+            factors += [base] * p
+        terms.append("(" + " * ".join(factors) + ")")
+    return "(" + " + ".join(terms) + ")"
+
+
+def _fold(fn: str, args: list[str]) -> str:
+    out = args[0]
+    for a in args[1:]:
+        out = f"{fn}({out}, {a})"
+    return out
+
+
+def _cstr(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+
+
+@dataclass
+class HostProgram:
+    source: str
+    output_slots: list[int]  # for each graph output: slot in out[], or -1 for a source
+    extra_symbols: list[str]
+    param_names: list[str]  # weights in the order of prm[]
+
+
+def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
+    sched = plan_schedule(graph)
+    buffer_of = {id(n): k for k, n in enumerate(sched.materialized)}
+    kernels = [emit_kernel(sched, root, buffer_of) for root in sched.kernels]
+    names: dict[str, str] = {}
+    for k in kernels:
+        names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])
+    lines = [resources.files(__package__).joinpath("prelude.h").read_text(), ""]
+    for body, name in names.items():
+        lines.append(f"static int {name}(void* const* P, const int64_t* D) {{")
+        lines += ["  " + ln for ln in body.splitlines()]
+        lines += ["}", ""]
+    host, slots = _host_function(graph, sched, buffer_of, kernels, names, extra_symbols)
+    lines += host
+    params = [n.attr("name") for n in sched.materialized if n.op == "param"]
+    return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params)
+
+
+def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_symbols):
+    specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in graph.inputs]
+    binder = ShapeBinder(specs, graph.constraints, what=f"cluster @{graph.name}")
+    out = [
+        'extern "C" int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* out,',
+        "                             const int64_t* extra, char* err, int64_t errlen) {",
+    ]
+    body = _prologue(binder, extra_symbols)
+    input_index = {id(n): i for i, n in enumerate(graph.inputs)}
+    params = [n for n in sched.materialized if n.op == "param"]
+    param_index = {id(n): i for i, n in enumerate(params)}
+    owned = []
+    for n in sched.materialized:
+        b = buffer_of[id(n)]
+        if n.op == "input":
+            i = input_index[id(n)]
+            body.append(f"void* b{b} = in[{i}].data ? in[{i}].data : (void*)as_zero_block;")
+        elif n.op == "param":
+            i = param_index[id(n)]
+            body.append(f"void* b{b} = prm[{i}].data ? prm[{i}].data : (void*)as_zero_block;")
+        else:
+            size = c_int(SymExpr.const(0) + n.type.numel)
+            body.append(f"void* b{b} = as_alloc({size} * {n.dtype.itemsize});")
+            owned.append(b)
+    outputs = [o for o in graph.outputs]
+    out_nodes: list[Node] = []
+    slots = []
+    for o in outputs:
+        if o.op in SOURCE_OPS:
+            slots.append(-1)
+            continue
+        if o not in out_nodes:
+            out_nodes.append(o)
+        slots.append(out_nodes.index(o))
+    kept = {buffer_of[id(o)] for o in out_nodes}
+    free_all = " ".join(f"std::free(b{b});" for b in owned)
+    for k in kernels:
+        ptrs = ", ".join(f"b{p}" for p in k.ptrs)
+        ints = ", ".join(c_int(d) for d in k.ints) or "0"
+        body.append(f"{{ void* const P[] = {{{ptrs}}}; const int64_t D[] = {{{ints}}};")
+        body.append(f"  int e = {names[k.body]}(P, D);")
+        body.append(
+            f'  if (e) {{ {free_all} snprintf(err, errlen, "%s in {k.root.op}", '
+            f"as_kernel_error(e)); return 2; }} }}"
+        )
+    for slot, o in enumerate(out_nodes):
+        b = buffer_of[id(o)]
+        body.append(f"out[{slot}].data = b{b}; out[{slot}].ndim = {o.rank};")
+        for d, dim in enumerate(o.shape):
+            body.append(f"out[{slot}].shape[{d}] = {c_int(dim)};")
+    body += [f"std::free(b{b});" for b in owned if b not in kept]
+    body.append("return 0;")
+    out += ["  " + ln for ln in body] + ["}"]
+    return out, slots
+
+
+def _prologue(binder: ShapeBinder, extra_symbols: list[str]) -> list[str]:
+    specs = binder.specs
+    lines = []
+    for i, spec in enumerate(specs):
+        lines.append(
+            f'if (in[{i}].ndim != {len(spec.shape)}) {{ snprintf(err, errlen, "input '
+            f"'{_cstr(spec.name)}' has rank %lld, expected rank {len(spec.shape)} "
+            f'({_cstr(spec.describe())})", (long long)in[{i}].ndim); return 1; }}'
+        )
+    for k, s in enumerate(extra_symbols):
+        lines.append(f"const int64_t S_{s} = extra[{k}];")
+    for i, d, sym in binder.binds:
+        lines.append(f"const int64_t S_{sym} = in[{i}].shape[{d}];")
+    for i, d, sym, dim in binder.solves:
+        base = c_int(dim.subs({sym: 0}))
+        coeff = (dim.subs({sym: 1}) - dim.subs({sym: 0})).constant_value
+        lines.append(f"const int64_t S_{sym} = (in[{i}].shape[{d}] - {base}) / {coeff};")
+    for i, d, dim in binder.checks:
+        where = (
+            "a static dim of the compiled model"
+            if isinstance(dim, int)
+            else f"= {format_expr(dim)}"
+        )
+        lines.append(
+            f'if (in[{i}].shape[{d}] != {c_int(dim)}) {{ snprintf(err, errlen, "input '
+            f"'{_cstr(specs[i].name)}' dim {d}: expected %lld ({_cstr(where)}), got %lld\", "
+            f"(long long){c_int(dim)}, (long long)in[{i}].shape[{d}]); return 1; }}"
+        )
+    for sym, lo, hi in binder.ranges:
+        cond = f"S_{sym} < {lo}" + (f" || S_{sym} > {hi}" if hi is not None else "")
+        lines.append(
+            f'if ({cond}) {{ snprintf(err, errlen, "{_cstr(binder._where(sym))} = %lld is '
+            f"outside the range {sym} in [{lo}, {'inf' if hi is None else hi}] the model was "
+            f'compiled for", (long long)S_{sym}); return 1; }}'
+        )
+    bound = set(binder.origin) | set(extra_symbols)
+    for g in binder.store.guards:
+        if not (g.lhs.free_symbols | g.rhs.free_symbols) <= bound:
+            continue
+        op = "!=" if g.op == "eq" else ">"
+        lines.append(
+            f'if ({c_int(g.lhs)} {op} {c_int(g.rhs)}) {{ snprintf(err, errlen, "shape '
+            f'constraint {_cstr(str(g))} ({_cstr(g.reason)}) does not hold"); return 1; }}'
+        )
+    return lines

@@ -1,0 +1,362 @@
+"""Loop nests for each kernel kind of the CPU backend.
+
+Sits between the schedule and the host program. ``emit_kernel`` turns one
+materialized root node into a ``Kernel``: a C++ function
+``static int k(void* const* P, const int64_t* D)`` over its own parameters
+(buffers ``P``, run-time integers ``D``) returning 0 or an error code. Kinds:
+
+- pointwise: the fused expression of the root at every output index; the outer
+  dims are flattened into one OpenMP-parallel loop (parallel only above a work
+  threshold), the innermost dim is a plain loop the compiler vectorizes;
+- reduce / argreduce / cumulative: the fused input expression read inside the
+  reduction loops (input fusion); sums of f32 accumulate in double;
+- dot: OpenBLAS sgemm/dgemm (batched, transposes folded into the call);
+- convolution and pool: direct window loops over a materialized input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import UnsupportedError
+from ...ir.dtypes import DType
+from ...ir.graph import Node
+from ...ir.symbolic import SymExpr
+from .ctypes_map import c_type, compute_type
+from .expr import KernelScope, _product
+from .schedule import Schedule
+
+PARALLEL_WORK = 32768  # elements below which a kernel stays single-threaded
+
+
+@dataclass
+class Kernel:
+    body: str  # the function body, parameter-relative (dedupe key)
+    ptrs: list[int]  # buffer ids for P[k]
+    ints: list[SymExpr]  # run-time integers for D[k]
+    root: Node
+
+
+def _loop_vars(rank: int, prefix: str = "i") -> list[str]:
+    return [f"{prefix}{k}" for k in range(rank)]
+
+
+def _nest_open(scope: KernelScope, shape, names, work: str, lines: list[str]) -> None:
+    """Open loops over ``shape``: outer dims flattened into one parallel loop."""
+    r = len(shape)
+    if r == 0:
+        return
+    outer = _product(shape[:-1])
+    lines.append(f"#pragma omp parallel for schedule(static) if(({work}) > {PARALLEL_WORK})")
+    lines.append(f"for (int64_t o = 0; o < {scope.dim(outer)}; ++o) {{")
+    if r > 1:
+        lines.append("  int64_t rem = o;")
+        for k in range(r - 2, -1, -1):
+            if k == 0:
+                lines.append(f"  const int64_t {names[0]} = rem;")
+            else:
+                lines.append(f"  const int64_t {names[k]} = rem % {scope.dim(shape[k])};")
+                lines.append(f"  rem /= {scope.dim(shape[k])};")
+    lines.append(
+        f"  for (int64_t {names[-1]} = 0; {names[-1]} < {scope.dim(shape[-1])}; ++{names[-1]}) {{"
+    )
+
+
+def _nest_close(rank: int, lines: list[str]) -> None:
+    if rank:
+        lines.append("  }")
+        lines.append("}")
+
+
+def _out_offset(scope: KernelScope, node: Node, names) -> str:
+    terms = []
+    for k, n in enumerate(names):
+        st = scope.dim(_product(node.shape[k + 1 :]))
+        terms.append(n if st == "1" else f"{n} * {st}")
+    return " + ".join(terms) if terms else "0"
+
+
+def _store(scope: KernelScope, node: Node, names, value: str) -> str:
+    out = scope.ptr(node)
+    return (
+        f"(({c_type(node.dtype)}*){out})[{_out_offset(scope, node, names)}] = "
+        f"({c_type(node.dtype)})({value});"
+    )
+
+
+def _body(scope: KernelScope, compute) -> list[str]:
+    """Run ``compute`` in a fresh statement scope; returns its statements."""
+    saved_lines, saved_memo = scope.lines, scope.memo
+    scope.lines, scope.memo = [], dict(saved_memo)
+    last = compute()
+    out = scope.lines + [last]
+    scope.lines, scope.memo = saved_lines, saved_memo
+    return out
+
+
+def _indent(lines, depth):
+    return ["  " * depth + ln for ln in lines]
+
+
+def _emit_pointwise(scope: KernelScope, root: Node) -> list[str]:
+    names = tuple(_loop_vars(root.rank))
+    lines: list[str] = []
+    _nest_open(scope, root.shape, names, scope.dim(root.type.numel), lines)
+    body = _body(scope, lambda: _store(scope, root, names, scope._fused(root, names)))
+    lines += _indent(body, 2 if root.rank else 0)
+    _nest_close(root.rank, lines)
+    return lines
+
+
+_INIT = {
+    "sum": "0",
+    "prod": "1",
+    "any": "false",
+    "all": "true",
+}
+
+
+def _acc_type(kind: str, dt: DType) -> str:
+    if kind in ("any", "all"):
+        return "bool"
+    if kind in ("sum", "prod"):
+        return "double" if dt.is_float else "int64_t"
+    return compute_type(dt)
+
+
+def _combine(kind: str, acc: str, v: str, dt: DType) -> str:
+    if kind == "sum":
+        return f"{acc} += {v};"
+    if kind == "prod":
+        return f"{acc} *= {v};"
+    if kind == "any":
+        return f"{acc} = {acc} || ({v} != 0);"
+    if kind == "all":
+        return f"{acc} = {acc} && ({v} != 0);"
+    return f"{acc} = as_{kind}({acc}, {v});"
+
+
+def _reduce_init(kind: str, dt: DType) -> str:
+    if kind in _INIT:
+        return _INIT[kind]
+    lim = "max" if kind == "min" else "lowest"
+    if dt.is_float:
+        return (
+            f"({'' if kind == 'min' else '-'}std::numeric_limits<{compute_type(dt)}>::infinity())"
+        )
+    return f"std::numeric_limits<{compute_type(dt)}>::{lim}()"
+
+
+def _emit_reduce(scope: KernelScope, root: Node) -> list[str]:
+    x = root.inputs[0]
+    kind, axes = root.attr("kind"), tuple(root.attr("axes"))
+    out_names = tuple(_loop_vars(root.rank))
+    lines: list[str] = []
+    _nest_open(scope, root.shape, out_names, scope.dim(x.type.numel), lines)
+    idx, it = [], iter(out_names)
+    for d in range(x.rank):
+        idx.append(f"r{d}" if d in axes else next(it))
+    acc_t = _acc_type(kind, x.dtype)
+    inner = [f"{acc_t} acc = {_reduce_init(kind, x.dtype)};"]
+    for a in axes:
+        inner.append(f"for (int64_t r{a} = 0; r{a} < {scope.dim(x.shape[a])}; ++r{a}) {{")
+    body = _body(scope, lambda: _combine(kind, "acc", scope.value(x, tuple(idx)), x.dtype))
+    inner += _indent(body, len(axes))
+    inner += ["}"] * len(axes)
+    inner.append(_store(scope, root, out_names, "acc"))
+    lines += _indent(inner, 2 if root.rank else 0)
+    _nest_close(root.rank, lines)
+    if any(x.shape[a] == 0 for a in axes) and kind in ("max", "min"):
+        raise UnsupportedError("max/min over an empty dim")
+    return lines
+
+
+def _emit_argreduce(scope: KernelScope, root: Node) -> list[str]:
+    x = root.inputs[0]
+    axis, kind = root.attr("axis"), root.attr("kind")
+    out_names = tuple(_loop_vars(root.rank))
+    lines: list[str] = []
+    _nest_open(scope, root.shape, out_names, scope.dim(x.type.numel), lines)
+    idx = list(out_names[:axis]) + ["r"] + list(out_names[axis:])
+    better = ">" if kind == "argmax" else "<"
+    t = compute_type(x.dtype)
+    inner = [
+        f"{t} best = 0; int64_t arg = 0;",
+        f"for (int64_t r = 0; r < {scope.dim(x.shape[axis])}; ++r) {{",
+    ]
+
+    def step():
+        v = scope.value(x, tuple(idx))
+        nan = f"as_isnan({v})"
+        return (
+            f"if (r == 0 || (!as_isnan(best) && ({nan} || {v} {better} best))) "
+            f"{{ best = {v}; arg = r; }}"
+        )
+
+    inner += _indent(_body(scope, step), 1)
+    inner.append("}")
+    inner.append(_store(scope, root, out_names, "arg"))
+    lines += _indent(inner, 2 if root.rank else 0)
+    _nest_close(root.rank, lines)
+    return lines
+
+
+def _emit_cumulative(scope: KernelScope, root: Node) -> list[str]:
+    x = root.inputs[0]
+    axis, kind = root.attr("axis"), root.attr("kind")
+    outer_shape = tuple(d for k, d in enumerate(root.shape) if k != axis)
+    outer_names = tuple(f"i{k}" for k in range(root.rank) if k != axis)
+    idx = tuple(f"i{k}" if k != axis else "r" for k in range(root.rank))
+    lines: list[str] = []
+    _nest_open(scope, outer_shape, outer_names, scope.dim(root.type.numel), lines)
+    acc_t = _acc_type(kind, x.dtype)
+    inner = [
+        f"{acc_t} acc = {_INIT[kind]};",
+        f"for (int64_t r = 0; r < {scope.dim(root.shape[axis])}; ++r) {{",
+    ]
+    body = _body(
+        scope,
+        lambda: (
+            _combine(kind, "acc", scope.value(x, idx), x.dtype)
+            + " "
+            + _store(scope, root, idx, "acc")
+        ),
+    )
+    inner += _indent(body, 1)
+    inner.append("}")
+    lines += _indent(inner, 2 if outer_shape else 0)
+    _nest_close(len(outer_shape), lines)
+    return lines
+
+
+def _emit_dot(scope: KernelScope, root: Node) -> list[str]:
+    a, b = root.inputs
+    m, n = root.shape[-2], root.shape[-1]
+    k = a.shape[-1]
+    batch = _product(root.shape[:-2])
+
+    def operand(x: Node):
+        inner = scope.sched.transposed_operands.get(id(x))
+        return (inner, True) if inner is not None else (x, False)
+
+    (abuf, ta), (bbuf, tb) = operand(a), operand(b)
+    pa, pb, pc = scope.ptr(abuf), scope.ptr(bbuf), scope.ptr(root)
+    M, N, K, B = (scope.dim(v) for v in (m, n, k, batch))
+    if root.dtype in (DType.f32, DType.f64):
+        fn = (
+            "scipy_cblas_sgemm_batch_strided"
+            if root.dtype is DType.f32
+            else "scipy_cblas_dgemm_batch_strided"
+        )
+        t = c_type(root.dtype)
+        lda = M if ta else K
+        ldb = K if tb else N
+        return [
+            f"if ({M} == 0 || {N} == 0) return 0;",
+            f"if ({K} == 0) {{ for (int64_t q = 0; q < {B} * {M} * {N}; ++q) (({t}*){pc})[q] = 0; "
+            "return 0; }",
+            f"{fn}(CblasRowMajor, {'CblasTrans' if ta else 'CblasNoTrans'}, "
+            f"{'CblasTrans' if tb else 'CblasNoTrans'}, (blasint){M}, (blasint){N}, (blasint){K}, "
+            f"1, (const {t}*){pa}, (blasint){lda}, (blasint)({M} * {K}), (const {t}*){pb}, "
+            f"(blasint){ldb}, (blasint)({K} * {N}), 0, ({t}*){pc}, (blasint){N}, "
+            f"(blasint)({M} * {N}), (blasint){B});",
+        ]
+    ct, acc = c_type(root.dtype), "double" if root.dtype.is_float else "int64_t"
+    ia = f"(p * {K} + kk) * {M} + i" if ta else f"(p * {M} + i) * {K} + kk"
+    ib = f"(p * {N} + j) * {K} + kk" if tb else f"(p * {K} + kk) * {N} + j"
+    return [
+        "#pragma omp parallel for collapse(2)",
+        f"for (int64_t p = 0; p < {B}; ++p) for (int64_t i = 0; i < {M}; ++i)",
+        f"  for (int64_t j = 0; j < {N}; ++j) {{ {acc} s = 0;",
+        f"    for (int64_t kk = 0; kk < {K}; ++kk) s += ({acc})(({c_type(a.dtype)}*){pa})[{ia}] * "
+        f"({acc})(({c_type(b.dtype)}*){pb})[{ib}];",
+        f"    (({ct}*){pc})[(p * {M} + i) * {N} + j] = ({ct})s; }}",
+    ]
+
+
+def _emit_window(scope: KernelScope, root: Node) -> list[str]:
+    """convolution and pool: direct loops over each output element's window."""
+    conv = root.op == "convolution"
+    x = root.inputs[0]
+    nsp = len(root.attr("padding"))
+    kernel = root.inputs[1].shape[2:] if conv else root.attr("kernel")
+    stride, pad, dil = root.attr("stride"), root.attr("padding"), root.attr("dilation")
+    out_names = tuple(_loop_vars(root.rank))
+    lead = root.rank - nsp
+    lines: list[str] = []
+    work = f"{scope.dim(root.type.numel)} * {int(_product(kernel))}"
+    _nest_open(scope, root.shape, out_names, work, lines)
+    t = compute_type(x.dtype)
+    kind = "sum" if conv else root.attr("kind")
+    px = scope.ptr(x)
+    inner: list[str] = []
+    if conv:
+        g = root.attr("groups")
+        w = root.inputs[1]
+        pw = scope.ptr(w)
+        cg = w.shape[1]
+        og = w.shape[0] // g
+        inner += [
+            "double acc = 0;",
+            f"const int64_t c0 = ({out_names[1]} / {og}) * {cg};",
+            f"for (int64_t c = 0; c < {cg}; ++c) {{",
+        ]
+    else:
+        inner += [f"double acc = {'-INFINITY' if kind == 'max' else '0'}; int64_t cnt = 0;", "{"]
+    for s in range(nsp):
+        inner.append(f"for (int64_t k{s} = 0; k{s} < {kernel[s]}; ++k{s}) {{")
+        pos = f"{out_names[lead + s]} * {stride[s]} - {pad[s]} + k{s} * {dil[s]}"
+        inner.append(f"  const int64_t y{s} = {pos};")
+        inner.append(f"  if (y{s} < 0 || y{s} >= {scope.dim(x.shape[x.rank - nsp + s])}) continue;")
+    if conv:
+        xi = [out_names[0], "c0 + c"] + [f"y{s}" for s in range(nsp)]
+        wi = [out_names[1], "c"] + [f"k{s}" for s in range(nsp)]
+        xv = _flat_load(scope, x, px, xi)
+        wv = _flat_load(scope, w, pw, wi)
+        inner.append(f"  acc += (double){xv} * (double){wv};")
+    else:
+        xi = list(out_names[:lead]) + [f"y{s}" for s in range(nsp)]
+        xv = _flat_load(scope, x, px, xi)
+        step = f"acc = as_max(acc, (double){xv});" if kind == "max" else f"acc += {xv};"
+        inner.append(f"  {step} ++cnt;")
+    inner += ["}"] * nsp
+    inner.append("}")
+    if conv:
+        value = "acc"
+    elif kind == "max":
+        value = "acc"
+    elif root.attr("count_include_pad"):
+        value = f"acc / {float(_product(kernel))}"
+    else:
+        value = "(cnt ? acc / cnt : 0.0)"
+    inner.append(_store(scope, root, out_names, f"({t})({value})"))
+    lines += _indent(inner, 2)
+    _nest_close(root.rank, lines)
+    return lines
+
+
+def _flat_load(scope: KernelScope, node: Node, ptr: str, idx) -> str:
+    terms = []
+    for k, i in enumerate(idx):
+        st = scope.dim(_product(node.shape[k + 1 :]))
+        terms.append(f"({i})" if st == "1" else f"({i}) * {st}")
+    return f"((const {c_type(node.dtype)}*){ptr})[{' + '.join(terms)}]"
+
+
+EMITTERS = {
+    "reduce": _emit_reduce,
+    "argreduce": _emit_argreduce,
+    "cumulative": _emit_cumulative,
+    "dot": _emit_dot,
+    "convolution": _emit_window,
+    "pool": _emit_window,
+}
+
+
+def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
+    scope = KernelScope(sched, buffer_of)
+    scope.ptr(root)  # the output is P[0]
+    lines = EMITTERS.get(root.op, _emit_pointwise)(scope, root)
+    head = ["int err_flag = 0; int* err = &err_flag; (void)err;"]
+    body = "\n".join(head + lines + ["return err_flag;"])
+    return Kernel(body, scope.ptrs, scope.ints, root)

@@ -1,0 +1,124 @@
+"""Load a compiled graph library and call it: one native call per graph call.
+
+Sits at the end of the CPU backend. Inputs and weights cross as ``AsTensor``
+descriptors (pointer, rank, shape, dtype) pointing at the caller's memory
+(C-contiguous; a non-contiguous input is made contiguous first). Output buffers
+are allocated by the host program and adopted by NumPy arrays that free them
+when the last reference goes, so ``torch.from_numpy`` gets them without a copy.
+The library keeps no per-call state: one ``NativeGraph`` serves many threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import InputError
+from ..ir.dtypes import DType
+
+MAX_RANK = 8
+
+
+class AsTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("ndim", ctypes.c_int64),
+        ("shape", ctypes.c_int64 * MAX_RANK),
+        ("dtype", ctypes.c_int64),
+    ]
+
+
+class KernelError(RuntimeError):
+    """A generated kernel hit a run-time error (an index out of range, division by zero)."""
+
+
+_init_lock = threading.Lock()
+
+
+class _Owner:
+    """Owns one malloc'd output buffer; frees it when the last array using it is gone."""
+
+    __slots__ = ("ptr", "free")
+
+    def __init__(self, ptr: int, free):
+        self.ptr, self.free = ptr, free
+
+    def __del__(self):
+        self.free(self.ptr)
+
+
+class NativeGraph:
+    def __init__(
+        self,
+        path: Path,
+        output_slots: list[int],
+        out_dtypes: list[DType],
+        params: list[np.ndarray],
+        num_threads: int = 0,
+    ):
+        self.lib = ctypes.CDLL(str(path))
+        self.main = self.lib.anyshape_main
+        self.main.restype = ctypes.c_int
+        self.main.argtypes = [
+            ctypes.POINTER(AsTensor),
+            ctypes.POINTER(AsTensor),
+            ctypes.POINTER(AsTensor),
+            ctypes.POINTER(ctypes.c_int64),
+            ctypes.c_char_p,
+            ctypes.c_int64,
+        ]
+        self.free = self.lib.anyshape_free
+        self.free.argtypes = [ctypes.c_void_p]
+        with _init_lock:
+            self.lib.anyshape_init(ctypes.c_int(num_threads))
+        self.output_slots = output_slots
+        self.num_outputs = max(output_slots, default=-1) + 1
+        self.out_dtypes = out_dtypes  # per slot
+        self.params = [np.ascontiguousarray(p) for p in params]
+        self.param_desc = (AsTensor * max(len(params), 1))()
+        for k, p in enumerate(self.params):
+            _describe(self.param_desc[k], p)
+
+    def __call__(self, arrays: list[np.ndarray], extra: list[int]) -> list[np.ndarray | None]:
+        n = len(arrays)
+        ins = (AsTensor * max(n, 1))()
+        keep = []
+        for k, a in enumerate(arrays):
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
+            keep.append(a)
+            if a.ndim > MAX_RANK:
+                raise InputError(f"input {k} has rank {a.ndim}; at most {MAX_RANK} is supported")
+            _describe(ins[k], a)
+        outs = (AsTensor * max(self.num_outputs, 1))()
+        ext = (ctypes.c_int64 * max(len(extra), 1))(*extra)
+        err = ctypes.create_string_buffer(1024)
+        code = self.main(ins, self.param_desc, outs, ext, err, 1024)
+        if code == 1:
+            raise InputError(err.value.decode())
+        if code:
+            raise KernelError(err.value.decode())
+        result = []
+        for slot in range(self.num_outputs):
+            result.append(self._adopt(outs[slot], self.out_dtypes[slot]))
+        return result
+
+    def _adopt(self, desc: AsTensor, dtype: DType) -> np.ndarray:
+        shape = tuple(desc.shape[k] for k in range(desc.ndim))
+        npdt = dtype.to_numpy()
+        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        owner = _Owner(desc.data, self.free)
+        buf = (ctypes.c_char * max(count * npdt.itemsize, 1)).from_address(desc.data)
+        buf._anyshape_owner = owner  # freed with the last array viewing it
+        arr = np.frombuffer(buf, dtype=npdt, count=count).reshape(shape)
+        return arr
+
+
+def _describe(desc: AsTensor, a: np.ndarray) -> None:
+    desc.data = a.ctypes.data if a.size else None
+    desc.ndim = a.ndim
+    for k, s in enumerate(a.shape):
+        desc.shape[k] = s
