@@ -103,7 +103,9 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
     owned = []
     for n in sched.materialized:
         b = buffer_of[id(n)]
-        if n.op == "input":
+        if id(n) in sched.aliases:
+            body.append(f"void* b{b} = b{buffer_of[id(sched.aliases[id(n)])]};  // reshape alias")
+        elif n.op == "input":
             i = input_index[id(n)]
             body.append(f"void* b{b} = in[{i}].data ? in[{i}].data : (void*)as_zero_block;")
         elif n.op == "param":

@@ -3,7 +3,9 @@
 Sits first in the CPU codegen. A value is *materialized* (gets a buffer) when it
 is a graph input, weight or output, the result of a root op (reduction, scan,
 GEMM, convolution, pooling), an operand a library call needs in memory, or
-used by several kernels and not cheap to recompute. Every other value is
+used by several kernels and not cheap to recompute. A reshape that must be in
+memory (a GEMM operand) aliases its source's buffer instead of copying it. Every
+other value is
 computed inside the loop nest of the kernel that consumes it (loop fusion of
 elementwise, broadcast and view chains; input fusion into reductions).
 
@@ -31,6 +33,8 @@ class Schedule:
     kernels: list[Node] = field(default_factory=list)  # roots of kernels, in order
     # dot operands read through a transpose of a buffer: operand node -> buffer node
     transposed_operands: dict[int, Node] = field(default_factory=dict)
+    # reshapes of a buffer that need memory: they share the buffer (no copy kernel)
+    aliases: dict[int, Node] = field(default_factory=dict)
 
     def is_materialized(self, node: Node) -> bool:
         return id(node) in self._mat
@@ -63,19 +67,29 @@ def plan_schedule(graph: Graph) -> Schedule:
     for n in nodes:
         if n.op in SOURCE_OPS or n.op in ROOT_OPS or id(n) in outputs:
             mat.add(id(n))
+
+    def need_memory(x: Node) -> None:
+        """Materialize ``x``, as an alias when it is a reshape of something in memory."""
+        if x.op == "reshape" and id(x) not in outputs:
+            need_memory(x.inputs[0])
+            root = sched.aliases.get(id(x.inputs[0]), x.inputs[0])
+            sched.aliases[id(x)] = root
+        mat.add(id(x))
+
     for n in nodes:
         for k in MEMORY_OPERANDS.get(n.op, ()):
             src = n.inputs[k]
             if n.op == "dot" and src.op == "transpose" and _swaps_last_two(src):
-                inner = src.inputs[0]
-                mat.add(id(inner))
-                sched.transposed_operands[id(src)] = inner
+                need_memory(src.inputs[0])
+                sched.transposed_operands[id(src)] = src.inputs[0]
             else:
-                mat.add(id(src))
+                need_memory(src)
     for n in nodes:
         if id(n) not in mat and users.get(id(n), 0) > 1 and not recomputable(n):
             mat.add(id(n))
     sched._mat = mat
     sched.materialized = [n for n in nodes if id(n) in mat]
-    sched.kernels = [n for n in sched.materialized if n.op not in SOURCE_OPS]
+    sched.kernels = [
+        n for n in sched.materialized if n.op not in SOURCE_OPS and id(n) not in sched.aliases
+    ]
     return sched
