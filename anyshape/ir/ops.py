@@ -305,7 +305,10 @@ def _argreduce(types, attrs, store):
 
 @_op("cumulative", 1, "", attrs="kind axis", doc="inclusive scan (sum or prod) along axis")
 def _cumulative(types, attrs, store):
-    return types[0]
+    (t,) = types
+    if attrs["kind"] not in ("sum", "prod") or not 0 <= attrs["axis"] < t.rank:
+        raise IRTypeError(f"bad cumulative {attrs} for {t}")
+    return t
 
 
 # --- compute-bound (library) ops ---------------------------------------------------
@@ -337,6 +340,10 @@ def _convolution(types, attrs, store):
     if not all(isinstance(k, int) for k in w.shape):
         raise IRTypeError(f"convolution weight must be static, got {w}")
     g = attrs["groups"]
+    if g < 1 or w.shape[0] % g:
+        raise IRTypeError(f"convolution output channels {w.shape[0]} not divisible by groups {g}")
+    if not len(attrs["stride"]) == len(attrs["padding"]) == len(attrs["dilation"]) == nsp:
+        raise IRTypeError(f"convolution stride/padding/dilation must have {nsp} entries")
     store.guard_eq(x.shape[1], w.shape[1] * g, "convolution input channels")
     spatial = [
         _window_out(
@@ -356,8 +363,12 @@ def _pool(types, attrs, store):
     (x,) = types
     k = attrs["kernel"]
     nsp = len(k)
+    if attrs["kind"] not in ("max", "avg"):
+        raise IRTypeError(f"unknown pool kind {attrs['kind']!r}")
     if x.rank < nsp + 1:
         raise IRTypeError(f"pool over {nsp} dims needs rank >= {nsp + 1}, got {x}")
+    if not len(attrs["stride"]) == len(attrs["padding"]) == len(attrs["dilation"]) == nsp:
+        raise IRTypeError(f"pool stride/padding/dilation must have {nsp} entries")
     lead = x.shape[: x.rank - nsp]
     spatial = [
         _window_out(

@@ -183,6 +183,8 @@ class LoweredCluster:
 def _convert_arg(a, env: dict):
     if isinstance(a, fx.Node):
         if a in env:
+            if env[a] is None:
+                raise UnsupportedError(f"{a.name} is an output the lowering does not produce")
             return env[a]
         val = a.meta.get("val")
         if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
@@ -241,10 +243,14 @@ def lower_node(ctx: LowerCtx, node: fx.Node, env: dict):
     ctx.node = node
     try:
         result = rule.fn(ctx, *args, **kwargs)
+    except UnsupportedError:
+        raise
     except IRTypeError as e:
         raise UnsupportedError(f"{node.target}: {e}") from None
-    except (ValueError, TypeError, KeyError, IndexError) as e:
+    except Exception as e:  # a rule bug must become a fallback with a reason, not a crash
         raise UnsupportedError(f"{node.target}: {type(e).__name__}: {e}") from None
+    if result is None:
+        raise UnsupportedError(f"{node.target}: this output is not produced by the lowering")
     if node.target is not operator.getitem:
         _check_against_meta(node, result)
     return result
