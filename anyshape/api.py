@@ -39,7 +39,9 @@ class OptimizedModule(torch.nn.Module):
         self.graph_module = graph_module
         self.report = report
         self._name = name
-        self._names = [n.name for n in graph_module.graph.nodes if n.op == "placeholder"]
+        placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+        self._names = [n.name for n in placeholders]
+        self._examples = [n.meta.get("val") for n in placeholders]
         self._in_spec = getattr(graph_module, "_in_spec", None)
 
     def forward(self, *args, **kwargs):
@@ -63,9 +65,15 @@ class OptimizedModule(torch.nn.Module):
                 f"({', '.join(self._names)}) structured like the example; got positional "
                 f"{[type(a).__name__ for a in args]} and keywords {sorted(kwargs)}"
             )
-        for name, leaf in zip(self._names, flat):
-            if not isinstance(leaf, torch.Tensor):
-                raise InputError(f"input {name!r} must be a tensor, got {type(leaf).__name__}")
+        for name, leaf, example in zip(self._names, flat, self._examples):
+            if isinstance(example, torch.Tensor):
+                if not isinstance(leaf, torch.Tensor):
+                    raise InputError(f"input {name!r} must be a tensor, got {type(leaf).__name__}")
+            elif leaf != example:
+                raise InputError(
+                    f"input {name!r} was {example!r} when the model was compiled and is "
+                    f"compiled in as a constant; got {leaf!r} (compile again for that value)"
+                )
 
     def explain(self) -> ExplainReport:
         return ExplainReport(self.report)
@@ -79,7 +87,12 @@ def _compile(model, example_inputs, dynamic_shapes, options: Options):
         try:
             captured = capture_export(model, widen_example(args), widen_example(kwargs))
             gm, report = compile_graph(
-                captured.gm, captured.symbol_ranges, options, with_prologue=True, count=False
+                captured.gm,
+                captured.symbol_ranges,
+                options,
+                with_prologue=True,
+                count=False,
+                guards=captured.guards,
             )
             if _agrees_with_eager(model, gm, args, kwargs):
                 bump("compilations")
@@ -90,7 +103,9 @@ def _compile(model, example_inputs, dynamic_shapes, options: Options):
     else:
         report_note = ""
     captured = capture_export(model, args, kwargs, dynamic_shapes)
-    gm, report = compile_graph(captured.gm, captured.symbol_ranges, options, with_prologue=True)
+    gm, report = compile_graph(
+        captured.gm, captured.symbol_ranges, options, with_prologue=True, guards=captured.guards
+    )
     if report_note:
         report.facts.append(report_note)
     return gm, report

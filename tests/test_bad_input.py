@@ -63,3 +63,36 @@ def test_valid_edge_shapes_still_match_eager(bert):
                 rtol=1e-4,
                 atol=1e-4,
             )
+
+
+def test_branch_taken_only_for_the_example_size_is_checked_not_silently_wrong():
+    # ViT skips position-embedding interpolation when the image has the config size:
+    # torch.export records that as a guard, which the prologue must check.
+    cfg = transformers.ViTConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+    )
+    model = transformers.ViTModel(cfg, add_pooling_layer=False).eval()
+    opt = anyshape.optimize(
+        model, {"pixel_values": torch.randn(2, 3, 32, 32), "interpolate_pos_encoding": True}
+    )
+    with pytest.raises(
+        anyshape.InputError,
+        match=r"torch.export guard .* does not hold: .*=58 "
+        r"from input 'pixel_values' dim 2",
+    ):
+        opt(pixel_values=torch.randn(2, 3, 58, 58), interpolate_pos_encoding=True)
+    with pytest.raises(anyshape.InputError, match="interpolate_pos_encoding' was True"):
+        opt(pixel_values=torch.randn(2, 3, 32, 32), interpolate_pos_encoding=False)
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            opt(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state,
+            model(pixel_values=x, interpolate_pos_encoding=True).last_hidden_state,
+            rtol=1e-4,
+            atol=1e-4,
+        )

@@ -30,7 +30,7 @@ from .symbolic import ZERO, SymExpr, as_expr, format_expr, shape_numel
 
 @dataclass(frozen=True)
 class Guard:
-    """A runtime check the prologue evaluates: ``lhs <op> rhs`` with op in eq/le."""
+    """A runtime check the prologue evaluates: ``lhs <op> rhs`` with op in eq/ne/le."""
 
     op: str
     lhs: SymExpr
@@ -39,13 +39,13 @@ class Guard:
 
     def holds(self, env: Mapping[str, int]) -> bool:
         a, b = self.lhs.evaluate(env), self.rhs.evaluate(env)
-        return a == b if self.op == "eq" else a <= b
+        return a == b if self.op == "eq" else a != b if self.op == "ne" else a <= b
 
     def free_symbols_bound(self, env: Mapping[str, int]) -> bool:
         return (self.lhs.free_symbols | self.rhs.free_symbols) <= env.keys()
 
     def __str__(self) -> str:
-        sign = "==" if self.op == "eq" else "<="
+        sign = {"eq": "==", "ne": "!=", "le": "<="}[self.op]
         return f"{format_expr(self.lhs)} {sign} {format_expr(self.rhs)}"
 
 
@@ -81,11 +81,16 @@ class ConstraintStore:
         if ra == rb:
             return
         keep, drop = (ra, rb) if _simpler(ra, rb) else (rb, ra)
+        if keep.is_constant:
+            # Every symbol of the dropped class takes the constant's range, so the
+            # facts do not depend on the order the equalities arrived in.
+            members = [e for e in self._parent if self._find(e) == drop] or [drop]
+            v = keep.constant_value
+            for e in members:
+                if e.is_symbol:
+                    self.add_symbol(e.symbol_name, v, v)
         self._parent[drop] = keep
         self._parent.setdefault(keep, keep)
-        if keep.is_constant and drop.is_symbol:
-            v = keep.constant_value
-            self.add_symbol(drop.symbol_name, v, v)
 
     def add_product_equal(self, a: Iterable, b: Iterable) -> None:
         a, b = tuple(as_expr(x) for x in a), tuple(as_expr(x) for x in b)
@@ -137,7 +142,7 @@ class ConstraintStore:
                 alo, ahi = self.ranges.get(atom, (0, None))
             else:
                 alo, ahi = (0, None) if atom.nonneg else (None, None)
-                if atom.kind == "mod" and atom.args[1].is_constant:
+                if atom.kind == "mod" and atom.nonneg:  # by a positive constant
                     alo, ahi = 0, atom.args[1].constant_value - 1
             if alo is None or (lo is not None and lo < 0):
                 return None, None  # sign unknown: give up on a product bound
@@ -210,6 +215,8 @@ class ConstraintStore:
         a, b = as_expr(a), as_expr(b)
         if self.prove_le(a, b):
             return True
+        if self.prove_lt(b, a):
+            raise ValueError(f"{reason}: {a} <= {b} can never hold")
         self.guards.append(Guard("le", a, b, reason))
         if a.is_symbol and as_expr(b).is_constant:
             self.add_symbol(a.symbol_name, hi=as_expr(b).constant_value)

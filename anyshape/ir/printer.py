@@ -53,6 +53,8 @@ def _value_names(graph) -> dict[int, str]:
         base = re.sub(r"\W", "_", str(n.attr("name")))
         if not base or base[0].isdigit() or base in used:
             base = f"in{i}"
+            while base in used:  # a user input may already be called in<i>
+                base += "_"
         used.add(base)
         names[id(n)] = base
     k = 0

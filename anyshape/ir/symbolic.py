@@ -49,6 +49,11 @@ def _atom_key(atom) -> tuple:
     return (0, atom) if isinstance(atom, str) else atom.key
 
 
+def _monomial_key(m: Monomial) -> tuple:
+    # Powers are part of the key: s0**2*s1 and s0*s1**2 must sort apart.
+    return tuple((_atom_key(a), p) for a, p in m)
+
+
 def _atom_nonneg(atom) -> bool:
     return True if isinstance(atom, str) else atom.nonneg
 
@@ -61,10 +66,11 @@ class SymExpr:
     def __init__(self, terms: Mapping[Monomial, int] | Iterable = ()):
         items = terms.items() if isinstance(terms, Mapping) else terms
         cleaned = [(m, c) for m, c in items if c != 0]
-        cleaned.sort(key=lambda mc: (-sum(p for _, p in mc[0]), [_atom_key(a) for a, _ in mc[0]]))
+        cleaned.sort(key=lambda mc: (-sum(p for _, p in mc[0]), _monomial_key(mc[0])))
         self.terms: tuple[tuple[Monomial, int], ...] = tuple(cleaned)
-        self.key = tuple(((tuple((_atom_key(a), p) for a, p in m)), c) for m, c in self.terms)
-        self._hash = hash(self.key)
+        self.key = tuple((_monomial_key(m), c) for m, c in self.terms)
+        # A constant compares equal to its int, so it must hash like it too.
+        self._hash = hash(self.constant_value if self.is_constant else self.key)
 
     # --- construction -------------------------------------------------------
     @staticmethod
@@ -137,7 +143,7 @@ class SymExpr:
         return total
 
     def subs(self, mapping: Mapping[str, SymExpr | int]) -> SymExpr:
-        """Substitute symbols by expressions, re-canonicalizing."""
+        """Substitute symbols by expressions (each >= 0, as symbols are), re-canonicalizing."""
         if not mapping or not (self.free_symbols & mapping.keys()):
             return self
         total = ZERO
@@ -289,6 +295,8 @@ def floordiv(a, b) -> SymExpr:
         return SymExpr(q) + rest
     if a == b:
         return ONE
+    if not a.terms:
+        return ZERO
     if len(b.terms) == 1:
         bm, bc = b.terms[0]
         quotient = {}
@@ -299,7 +307,7 @@ def floordiv(a, b) -> SymExpr:
             quotient[qm] = c // bc
         else:
             return SymExpr(quotient)
-    return _build_compound("floordiv", [a, b])
+    return _atom_expr(Compound("floordiv", (a, b)))
 
 
 def _floordiv_remainder(r: SymExpr, d: int) -> SymExpr:
@@ -329,11 +337,11 @@ def mod(a, b) -> SymExpr:
         if r.is_constant:
             return SymExpr.const(r.constant_value % d)
         return _atom_expr(Compound("mod", (r, b)))
-    if a == b:
+    if a == b or not a.terms:
         return ZERO
     if len(b.terms) == 1 and floordiv(a, b) * b == a:
         return ZERO
-    return _build_compound("mod", [a, b])
+    return _atom_expr(Compound("mod", (a, b)))
 
 
 def sym_max(*args) -> SymExpr:
@@ -346,13 +354,9 @@ def sym_min(*args) -> SymExpr:
 
 def _build_compound(kind: str, args: list[SymExpr]) -> SymExpr:
     if kind == "floordiv":
-        if args[1].is_constant or args[0] == args[1]:
-            return floordiv(*args)
-        return _atom_expr(Compound(kind, tuple(args)))
+        return floordiv(*args)
     if kind == "mod":
-        if args[1].is_constant:
-            return mod(*args)
-        return _atom_expr(Compound(kind, tuple(args)))
+        return mod(*args)
     return _minmax(kind, args)
 
 

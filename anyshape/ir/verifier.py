@@ -23,16 +23,16 @@ def verify_graph(graph: Graph) -> None:
     store = copy.deepcopy(graph.constraints)
     seen: set[int] = set()
     for n in graph.nodes():
+        for i in n.inputs:
+            if id(i) not in seen:
+                problems.append(f"{n.op}: operand {i} used before its definition")
+        seen.add(id(n))
         opdef = OPS.get(n.op)
         if opdef is None:
             problems.append(f"unknown op {n.op!r}")
             continue
         if opdef.arity is not None and len(n.inputs) != opdef.arity:
             problems.append(f"{n.op}: {len(n.inputs)} operands, expected {opdef.arity}")
-        for i in n.inputs:
-            if id(i) not in seen:
-                problems.append(f"{n.op}: operand {i} used before its definition")
-        seen.add(id(n))
         if n.op == "input" and n not in graph.inputs:
             problems.append(f"input node {n.attr('name')!r} is not a graph input")
         if n.op == "param" and graph.params and n.attr("name") not in graph.params:

@@ -105,7 +105,12 @@ def assemble(
     if prologue is not None:
         last_ph = [n for n in new.nodes if n.op == "placeholder"][-1]
         with new.inserting_after(last_ph):
-            new.call_function(prologue, tuple(n for n in new.nodes if n.op == "placeholder"))
+            tensors = tuple(
+                n
+                for n in new.nodes
+                if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+            )
+            new.call_function(prologue, tensors)
     gm.graph = new
     gm.recompile()
     return gm

@@ -63,10 +63,11 @@ class ModelPrologue:
         return "anyshape_prologue"
 
 
-def _model_prologue(gm: fx.GraphModule, ranges) -> ModelPrologue:
+def _model_prologue(gm: fx.GraphModule, ranges, guards) -> ModelPrologue:
     store = ConstraintStore()
     for sym, (lo, hi) in ranges.items():
         store.add_symbol(sym, lo, hi)
+    store.guards.extend(guards)
     names, specs = [], []
     for n in gm.graph.nodes:
         if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor):
@@ -77,7 +78,12 @@ def _model_prologue(gm: fx.GraphModule, ranges) -> ModelPrologue:
 
 
 def compile_graph(
-    gm: fx.GraphModule, ranges: dict, options: Options, with_prologue: bool, count: bool = True
+    gm: fx.GraphModule,
+    ranges: dict,
+    options: Options,
+    with_prologue: bool,
+    count: bool = True,
+    guards=(),
 ) -> tuple[fx.GraphModule, CompileReport]:
     """Compile the supported clusters of ``gm`` in place; return it with a report.
 
@@ -109,11 +115,11 @@ def compile_graph(
             print(compiled.graph)
     prologue = None
     if with_prologue:
-        prologue = _model_prologue(gm, ranges)
+        prologue = _model_prologue(gm, ranges, list(guards))
         report.input_specs = prologue.binder.specs
         report.facts = [
             f"{s} in [{lo}, {'inf' if hi is None else hi}]" for s, lo, hi in prologue.binder.ranges
-        ]
+        ] + [f"checked per call: {g}" for g in guards]
     assemble(gm, built, symbol_sources(gm), prologue)
     if count:
         bump("compilations")

@@ -118,9 +118,16 @@ def _int_rem(a, b):
 
 
 def _pow(a, b):
-    if np.issubdtype(a.dtype, np.integer):
-        return np.power(a, np.maximum(b, 0))
-    return np.power(a, b)
+    if not np.issubdtype(a.dtype, np.integer):
+        return np.power(a, b)
+    # Integer powers as torch: a negative exponent gives 1 for base 1, +-1 for base -1, else 0.
+    neg = b < 0
+    out = np.power(a, np.where(neg, 0, b))
+    if np.any(neg):
+        minus_one = np.where(b % 2 == 0, 1, -1).astype(out.dtype)
+        tiny = np.where(a == 1, 1, np.where(a == -1, minus_one, 0)).astype(out.dtype)
+        out = np.where(neg, tiny, out)
+    return out
 
 
 _BINARY = {

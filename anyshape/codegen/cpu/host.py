@@ -186,7 +186,7 @@ def _prologue(binder: ShapeBinder, extra_symbols: list[str]) -> list[str]:
     for g in binder.store.guards:
         if not (g.lhs.free_symbols | g.rhs.free_symbols) <= bound:
             continue
-        op = "!=" if g.op == "eq" else ">"
+        op = {"eq": "!=", "ne": "==", "le": ">"}[g.op]  # the violation
         lines.append(
             f'if ({c_int(g.lhs)} {op} {c_int(g.rhs)}) {{ snprintf(err, errlen, "shape '
             f'constraint {_cstr(str(g))} ({_cstr(g.reason)}) does not hold"); return 1; }}'

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from ...errors import CaptureError
-from .symbols import to_dim
+from ...errors import CaptureError, UnsupportedError
+from ...ir.constraints import Guard
+from .symbols import sympy_to_expr, to_dim
 
 
 @dataclass
@@ -26,6 +27,7 @@ class Captured:
     gm: fx.GraphModule
     symbol_ranges: dict[str, tuple[int, int | None]]
     exported: object  # the ExportedProgram
+    guards: list[Guard]  # shape guards torch.export relied on, checked on every call
 
 
 # Composite ops kept whole: anyshape lowers them itself (one fused attention
@@ -120,7 +122,51 @@ def capture_export(
         name = str(sym)
         ranges[name] = (0, _finite_int(vr.upper))
     gm = ep.module()
-    return Captured(gm, ranges, ep)
+    return Captured(gm, ranges, ep, export_guards(ep))
+
+
+def export_guards(ep) -> list[Guard]:
+    """The ShapeEnv guards the exported graph relies on, as anyshape guards.
+
+    Guards that only exclude sizes 0 and 1 (``s != 1``, ``s >= 2``) are dropped:
+    anyshape decides broadcasting at run time, so those sizes are valid. Every
+    other guard (``floordiv(s0, 8)**2 + 1 == 17`` when a model took a branch
+    that holds only for the example's image size) is checked in the prologue,
+    so a call outside it is an error instead of a wrong answer.
+    """
+    import sympy
+
+    vals = [n.meta.get("val") for n in ep.graph.nodes if n.op == "placeholder"]
+    fake = next((v for v in vals if isinstance(v, torch.Tensor)), None)
+    env = getattr(getattr(fake, "fake_mode", None), "shape_env", None)
+    if env is None:
+        return []
+    out: list[Guard] = []
+    for g in env.guards:
+        expr = g.expr.xreplace(env.replacements)
+        if expr in (sympy.true, sympy.false) or not isinstance(
+            expr, sympy.core.relational.Relational
+        ):
+            continue
+        try:
+            lhs, rhs = sympy_to_expr(expr.lhs), sympy_to_expr(expr.rhs)
+        except UnsupportedError:
+            continue
+        op = type(expr).__name__
+        text = f"torch.export guard {expr}"
+        if op == "Equality":
+            out.append(Guard("eq", lhs, rhs, text))
+        elif op == "Unequality":
+            if not (rhs.is_constant and rhs.constant_value in (0, 1)):
+                out.append(Guard("ne", lhs, rhs, text))
+        elif op in ("GreaterThan", "StrictGreaterThan", "LessThan", "StrictLessThan"):
+            small, big = (rhs, lhs) if op.startswith(("Greater", "StrictGreater")) else (lhs, rhs)
+            if op.startswith("Strict"):
+                small = small + 1
+            if small.is_constant and small.constant_value <= 2 and big.is_symbol:
+                continue  # a 0/1 exclusion or a non-negativity fact
+            out.append(Guard("le", small, big, text))
+    return out
 
 
 def _finite_int(v) -> int | None:
