@@ -1,0 +1,128 @@
+"""The ``anyshape`` command line: ``anyshape bench`` runs the benchmarks in ``benchmarks/``.
+
+Sits outside the compiler; importing this module imports neither torch nor
+the benchmarks (both load when a subcommand runs). ``benchmarks`` lives at
+the repository root, not inside the package: when it is not importable, the
+checkout this ``anyshape`` was installed from (editable install) is put on
+``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+QUICK_REQUESTS = 6
+FULL_REQUESTS = 30
+
+
+def _names(text: str) -> list[str]:
+    return [n.strip() for n in text.split(",") if n.strip()]
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="anyshape", description="anyshape command line tools.")
+    sub = ap.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser(
+        "bench",
+        help="benchmark anyshape against eager, torch.compile and ONNX Runtime",
+        description="Run every backend on seeded request streams of different shapes, "
+        "interleaved per request, and write results.json, results.md and PNG plots.",
+    )
+    bench.add_argument("--quick", action="store_true", help="small configs and few requests")
+    bench.add_argument("--out", default="bench-results", help="output folder (default %(default)s)")
+    bench.add_argument(
+        "--workloads",
+        type=_names,
+        help="comma-separated, or 'all' (default: all; with --quick a smaller selection)",
+    )
+    bench.add_argument("--backends", type=_names, help="comma-separated (default: all)")
+    bench.add_argument(
+        "--requests",
+        type=int,
+        help=f"requests per workload (default {QUICK_REQUESTS} with --quick, else {FULL_REQUESTS})",
+    )
+    bench.add_argument("--seed", type=int, default=0, help="weights and request shapes")
+    bench.add_argument(
+        "--anyshape-backend", choices=["cpu", "interpreter"], default="cpu", help="default cpu"
+    )
+    bench.add_argument(
+        "--fresh-caches",
+        action="store_true",
+        help="empty Inductor and anyshape compile caches (cold compile times)",
+    )
+    bench.add_argument(
+        "--threads",
+        type=int,
+        help="threads for torch, Inductor, anyshape and ONNX Runtime (default: torch's)",
+    )
+    bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+def _import_benchmarks():
+    try:
+        import benchmarks  # noqa: F401
+    except ImportError:
+        root = Path(__file__).resolve().parent.parent
+        if not (root / "benchmarks" / "runner.py").exists():
+            raise SystemExit(
+                "anyshape bench needs the benchmarks/ folder of an anyshape checkout "
+                "(install with pip install -e .)"
+            ) from None
+        sys.path.insert(0, str(root))
+    from benchmarks import backends, report, runner, workloads
+
+    return backends, report, runner, workloads
+
+
+def _check(ap: argparse.ArgumentParser, kind: str, chosen: list[str], known) -> None:
+    unknown = [n for n in chosen if n not in known]
+    if unknown:
+        ap.error(f"unknown {kind} {unknown}; choose from {', '.join(known)}")
+
+
+def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    backends, report, runner, workloads = _import_benchmarks()
+    known_backends = list(backends.backends())
+    chosen_workloads = args.workloads or (
+        workloads.QUICK_WORKLOADS if args.quick else list(workloads.WORKLOADS)
+    )
+    if chosen_workloads == ["all"]:
+        chosen_workloads = list(workloads.WORKLOADS)
+    chosen_backends = args.backends or known_backends
+    _check(ap, "workloads", chosen_workloads, list(workloads.WORKLOADS))
+    _check(ap, "backends", chosen_backends, known_backends)
+    requests = args.requests or (QUICK_REQUESTS if args.quick else FULL_REQUESTS)
+    if requests < 2:
+        ap.error("--requests must be at least 2 (the first call compiles)")
+    settings = runner.Settings(
+        workloads=chosen_workloads,
+        backends=["eager", *[b for b in chosen_backends if b != "eager"]],
+        requests=requests,
+        seed=args.seed,
+        quick=args.quick,
+        anyshape_backend=args.anyshape_backend,
+        fresh_caches=args.fresh_caches,
+        threads=args.threads,
+        progress=not args.no_progress,
+    )
+    t0 = time.perf_counter()
+    results = runner.run(settings, command)
+    paths = report.write(results, args.out)
+    print(report.table(results))
+    print(f"wrote {', '.join(str(p) for p in paths)} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    argv = sys.argv[1:] if argv is None else argv
+    args = ap.parse_args(argv)
+    return bench(ap, args, " ".join(["anyshape", *argv]))  # the only subcommand
+
+
+if __name__ == "__main__":
+    sys.exit(main())

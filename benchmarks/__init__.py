@@ -1,0 +1,11 @@
+"""Benchmarks for anyshape: workloads, backends, machine probes, an interleaved runner, reports.
+
+Sits outside the ``anyshape`` package (it compares anyshape with other
+backends) and is driven by ``anyshape bench`` (``anyshape/cli.py``):
+
+    workloads.py   models and micrographs, each with a seeded stream of shapes
+    backends.py    eager, torch.compile (two modes), ONNX Runtime, anyshape
+    probes.py      machine limits: peak fp32 GEMM GFLOP/s, copy bandwidth, CPU facts
+    runner.py      one process, backends interleaved per request on the same inputs
+    report.py      results.json, results.md and PNG plots
+"""

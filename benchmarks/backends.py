@@ -1,0 +1,129 @@
+"""The backends a benchmark compares: eager, two torch.compile modes, ONNX Runtime and anyshape.
+
+Sits between ``workloads`` and ``runner``. ``prepare(model, example)`` does
+the ahead-of-time work (export, ``anyshape.optimize``; nothing for the lazy
+ones) and returns ``run(inputs) -> output``; ``compilations()`` reads the
+process-wide counter of graphs this kind of backend has compiled (``None``
+when it does not compile), so the runner can count recompilations per call.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+Run = Callable[[dict[str, torch.Tensor]], object]
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    description: str
+    prepare: Callable[[torch.nn.Module, dict[str, torch.Tensor]], Run]
+    compilations: Callable[[], int | None]
+
+
+def _no_compilations() -> None:
+    return None
+
+
+def _dynamo_graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _anyshape_compilations() -> int:
+    import anyshape
+
+    return anyshape.stats()["compilations"]
+
+
+def _eager(model, example) -> Run:
+    return lambda inputs: model(**inputs)
+
+
+def _inductor(dynamic: bool | None) -> Callable[[torch.nn.Module, dict], Run]:
+    def prepare(model, example) -> Run:
+        compiled = torch.compile(model, dynamic=dynamic)
+        return lambda inputs: compiled(**inputs)
+
+    return prepare
+
+
+def _onnxruntime(model, example) -> Run:
+    """Export with every input dim dynamic (``Dim.AUTO``) and run on ORT's CPU provider."""
+    import onnxruntime as ort
+
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+    auto = torch.export.Dim.AUTO
+    dynamic = {name: {i: auto for i in range(t.dim())} for name, t in example.items()}
+    program = torch.onnx.export(
+        model, (), kwargs=example, dynamic_shapes=dynamic, dynamo=True, verbose=False
+    )
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.log_severity_level = 4  # failures are recorded in the results, not logged twice
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "model.onnx"
+        program.save(str(path))
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    missing = set(names) - set(example)
+    if missing:
+        raise RuntimeError(f"exported ONNX graph wants inputs {sorted(missing)} not in the example")
+
+    def run(inputs):
+        feeds = {n: inputs[n].numpy() for n in names}
+        return [torch.from_numpy(o) for o in session.run(None, feeds)]
+
+    return run
+
+
+def _anyshape(target: str) -> Callable[[torch.nn.Module, dict], Run]:
+    def prepare(model, example) -> Run:
+        import anyshape
+
+        compiled = anyshape.optimize(model, example, backend=target)
+        return lambda inputs: compiled(**inputs)
+
+    return prepare
+
+
+def backends(anyshape_backend: str = "cpu") -> dict[str, Backend]:
+    """Every backend by name; ``anyshape_backend`` picks anyshape's execution engine."""
+    return {
+        b.name: b
+        for b in [
+            Backend("eager", "PyTorch eager", _eager, _no_compilations),
+            Backend(
+                "inductor_dynamic",
+                "torch.compile(dynamic=True), Inductor",
+                _inductor(True),
+                _dynamo_graphs,
+            ),
+            Backend(
+                "inductor_default",
+                "torch.compile() default: automatic dynamic (recompiles on new shapes)",
+                _inductor(None),
+                _dynamo_graphs,
+            ),
+            Backend(
+                "onnxruntime",
+                "torch.onnx.export (dynamo, all dims dynamic) + ONNX Runtime CPU",
+                _onnxruntime,
+                _no_compilations,
+            ),
+            Backend(
+                "anyshape",
+                f"anyshape.optimize(backend={anyshape_backend!r})",
+                _anyshape(anyshape_backend),
+                _anyshape_compilations,
+            ),
+        ]
+    }

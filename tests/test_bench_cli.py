@@ -1,0 +1,73 @@
+"""``anyshape bench`` end to end on one micrograph: files written, fields present, values sane.
+
+Runs eager and anyshape (NumPy interpreter, so no C++ build) on three
+LayerNorm requests through the CLI; Inductor and ONNX Runtime are too slow
+for the test suite and are left to ``anyshape bench --quick``. A backend that
+fails is recorded in the results and the table instead of stopping the run.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from anyshape import cli
+
+
+def test_cli_module_imports_without_torch():
+    code = "import sys, anyshape.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_bench_writes_results_for_a_micrograph(tmp_path):
+    argv = ["bench", "--quick", "--workloads", "layernorm", "--backends", "eager,anyshape"]
+    argv += ["--anyshape-backend", "interpreter", "--requests", "3", "--no-progress"]
+    assert cli.main([*argv, "--out", str(tmp_path)]) == 0
+
+    for name in ["results.json", "results.md", "latency.png", "total_time.png"]:
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert (tmp_path / "latency.png").read_bytes()[:4] == b"\x89PNG"
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["probes"]["gemm"]["gflops"] > 0
+    assert results["probes"]["copy"]["gb_per_s"] > 0
+    section = results["workloads"]["layernorm"]
+    assert len(section["shapes"]) == 3 and all(s > 0 for s in section["sizes"])
+    by_backend = {r["backend"]: r for r in section["results"]}
+    assert set(by_backend) == {"eager", "anyshape"}
+    for r in by_backend.values():
+        assert r["error"] is None
+        assert r["requests_done"] == 3
+        assert 0 < r["compile_s"] <= r["total_s"]
+        assert 0 < r["median_ms"] <= r["p90_ms"]
+        assert r["ratio_vs_eager"] > 0 and r["peak_rss_mb"] > 0
+        assert r["fraction_of_limit"] > 0
+    assert by_backend["anyshape"]["recompiles"] == 0
+    assert by_backend["anyshape"]["graphs_first_call"] == 1
+    assert by_backend["anyshape"]["max_abs_err"] < 1e-3
+    table = (tmp_path / "results.md").read_text()
+    assert "| layernorm | anyshape |" in table and "ratio vs eager" in table
+
+
+def test_a_failing_backend_is_reported_not_raised(monkeypatch):
+    _, report, runner, _ = cli._import_benchmarks()
+    real = runner.backends()
+
+    def broken(model, example):
+        raise RuntimeError("cannot compile this")
+
+    table = {"eager": real["eager"], "broken": runner.Backend("broken", "fails", broken, int)}
+    monkeypatch.setattr(runner, "backends", lambda _name: table)
+    settings = runner.Settings(
+        workloads=["softmax"],
+        backends=["eager", "broken"],
+        requests=2,
+        quick=True,
+        probe=False,
+        progress=False,
+    )
+    results = runner.run(settings)
+    failed = results["workloads"]["softmax"]["results"][1]
+    assert failed["backend"] == "broken" and failed["total_s"] is None
+    assert "RuntimeError: cannot compile this" in failed["error"]
+    assert "**failed** [1]" in report.table(results)
