@@ -47,6 +47,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--backend", default="cpu", choices=["cpu", "interpreter"])
     args = ap.parse_args()
 
     torch.manual_seed(args.seed)
@@ -56,7 +57,9 @@ def main() -> None:
 
     anyshape.reset_stats()
     t0 = time.perf_counter()
-    compiled = anyshape.optimize(model, {"input_ids": example[0], "attention_mask": example[1]})
+    compiled = anyshape.optimize(
+        model, {"input_ids": example[0], "attention_mask": example[1]}, backend=args.backend
+    )
     print(
         f"compiled BERT ({args.layers} layers, hidden {config.hidden_size}) once in "
         f"{time.perf_counter() - t0:.1f} s; compilations = {anyshape.stats()['compilations']}"
