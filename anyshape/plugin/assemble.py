@@ -102,9 +102,9 @@ def assemble(
         raise RuntimeError("cluster assembly found a cycle (an anyshape bug)")
 
     new.eliminate_dead_code()
-    if prologue is not None:
-        last_ph = [n for n in new.nodes if n.op == "placeholder"][-1]
-        with new.inserting_after(last_ph):
+    placeholders = [n for n in new.nodes if n.op == "placeholder"]
+    if prologue is not None and placeholders:
+        with new.inserting_after(placeholders[-1]):
             tensors = tuple(
                 n
                 for n in new.nodes

@@ -93,11 +93,15 @@ def compile_graph(
     plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
     report = CompileReport(fallbacks=list(plan.fallbacks))
     built = []
+    sources = symbol_sources(gm)
     for nodes in plan.clusters:
         name = f"cluster{len(built)}"
         try:
             lowered = lower_cluster(nodes, gm, name, ranges)
             compiled = CompiledCluster(lowered, options)
+            unbound = [s for s in compiled.extra_symbols if s not in sources]
+            if unbound:
+                raise UnsupportedError(f"needs data-dependent sizes {unbound}")
         except UnsupportedError as e:
             report.fallbacks += [
                 Fallback(n, f"cluster failed to compile: {e}", source_location(n))
@@ -120,7 +124,7 @@ def compile_graph(
         report.facts = [
             f"{s} in [{lo}, {'inf' if hi is None else hi}]" for s, lo, hi in prologue.binder.ranges
         ] + [f"checked per call: {g}" for g in guards]
-    assemble(gm, built, symbol_sources(gm), prologue)
+    assemble(gm, built, sources, prologue)
     if count:
         bump("compilations")
     bump("clusters", len(built))

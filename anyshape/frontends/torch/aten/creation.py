@@ -82,7 +82,12 @@ def _copy(ctx, dst, src, non_blocking=False):
     return ctx.broadcast_to(ctx.cast(src, out.dtype), out.shape)
 
 
-@lowering(aten.arange.start_step, aten.arange.default, aten.arange.start)
+@lowering(
+    aten.arange.start_step,
+    aten.arange.default,
+    aten.arange.start,
+    partial="a float arange with a symbolic step",
+)
 def _arange(ctx, *args, **kwargs):
     _check_device(kwargs)
     out = ctx.out_type()

@@ -30,7 +30,11 @@ def _broadcast_shape(shapes):
     return tuple(out)
 
 
-@lowering(aten.index.Tensor, aten._unsafe_index.Tensor)
+@lowering(
+    aten.index.Tensor,
+    aten._unsafe_index.Tensor,
+    partial="boolean-mask indices (their output shape depends on the data)",
+)
 def _index(ctx, x, indices):
     out = ctx.out_type()
     if any(i is not None and i.dtype in (DType.b8, DType.u8) for i in indices):

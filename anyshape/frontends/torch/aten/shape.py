@@ -108,7 +108,9 @@ def slice_dim(ctx: LowerCtx, x, dim: int, start, n, step: int = 1):
     return ctx.op("slice", x, start=tuple(starts), limit=tuple(limits), stride=tuple(strides))
 
 
-@lowering(aten.slice.Tensor, aten.slice_copy.Tensor)
+@lowering(
+    aten.slice.Tensor, aten.slice_copy.Tensor, partial="a symbolic start that may be negative"
+)
 def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     dim = norm_dim(dim, x.rank)
     n = ctx.out_type().shape[dim]
@@ -164,7 +166,11 @@ def _split(ctx, x, sizes, dim=0):
     return tuple(outs)
 
 
-@lowering(aten.unbind.int, aten.unbind_copy.int)
+@lowering(
+    aten.unbind.int,
+    aten.unbind_copy.int,
+    partial="a symbolic dim (the number of outputs would vary)",
+)
 def _unbind(ctx, x, dim=0):
     dim = norm_dim(dim, x.rank)
     n = x.shape[dim]
@@ -173,7 +179,7 @@ def _unbind(ctx, x, dim=0):
     return tuple(ctx.reshape(slice_dim(ctx, x, dim, i, 1), ctx.out_type(i).shape) for i in range(n))
 
 
-@lowering(aten.constant_pad_nd.default)
+@lowering(aten.constant_pad_nd.default, partial="symbolic pad amounts")
 def _constant_pad(ctx, x, pad, value=0):
     if len(pad) % 2 or len(pad) // 2 > x.rank:
         raise UnsupportedError(f"pad list {pad} does not fit rank {x.rank}")
