@@ -47,7 +47,8 @@ template <class T> static inline T as_sign(T x) {
 template <class A, class B> static inline auto as_pow(A a, B b) -> decltype(a + b) {
   using R = decltype(a + b);
   if constexpr (std::is_floating_point_v<R>) return std::pow((R)a, (R)b);
-  else { R r = 1, base = a; int64_t e = (int64_t)b; if (e < 0) return 0;
+  else { R r = 1, base = a; int64_t e = (int64_t)b;
+         if (e < 0) return a == 1 ? (R)1 : (a == -1 ? (R)((e & 1) ? -1 : 1) : (R)0);
          while (e) { if (e & 1) r *= base; base *= base; e >>= 1; } return r; }
 }
 template <class A, class B> static inline auto as_idiv(A a, B b, int* err) -> decltype(a + b) {
@@ -66,10 +67,13 @@ static inline int64_t as_index(int64_t v, int64_t n, int* err) {
   if (v < 0 || v >= n) { *err = 1; return 0; }
   return v;
 }
+// Sizes only: a zero divisor means an empty dim, whose extent the result never scales.
 static inline int64_t as_floordiv(int64_t a, int64_t b) {
+  if (b == 0) return 0;
   int64_t q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 static inline int64_t as_mod(int64_t a, int64_t b) {
+  if (b == 0) return 0;
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static const char* as_kernel_error(int code) {
