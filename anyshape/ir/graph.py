@@ -90,9 +90,19 @@ class Graph:
         self.params = dict(params or {})
         self.constraints = constraints or ConstraintStore()
         self.name = name
+        self._order: list[Node] | None = None
 
     def nodes(self) -> list[Node]:
-        """Inputs first (in order), then every reachable node in topological order."""
+        """Inputs first (in order), then every reachable node in topological order.
+
+        Computed once per graph (inputs and outputs never change; rewrites build a
+        new Graph), since the interpreter walks it on every call.
+        """
+        if self._order is None:
+            self._order = self._topological_order()
+        return list(self._order)
+
+    def _topological_order(self) -> list[Node]:
         seen: set[int] = set()
         order: list[Node] = []
         for n in self.inputs:
