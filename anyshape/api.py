@@ -13,6 +13,7 @@ from .config import Options
 from .errors import AnyshapeError, InputError
 from .plugin.compile import CompileReport, compile_graph
 from .plugin.explain import ExplainReport
+from .plugin.profile import ProfileReport
 from .stats import bump
 
 
@@ -77,6 +78,10 @@ class OptimizedModule(torch.nn.Module):
 
     def explain(self) -> ExplainReport:
         return ExplainReport(self.report)
+
+    def profile(self) -> ProfileReport:
+        """Kernel timings since the last ``profile()`` (needs the ``profile`` option)."""
+        return ProfileReport([t for c in self.report.clusters for t in c.compiled.read_profile()])
 
 
 def _compile(model, example_inputs, dynamic_shapes, options: Options):

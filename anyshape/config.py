@@ -29,6 +29,10 @@ class Options:
         default="interpreter",
         metadata={"help": "cpu: generated C++ kernels (default); interpreter: the NumPy reference"},
     )
+    profile: bool = field(
+        default=False,
+        metadata={"help": "time every generated kernel call; read with OptimizedModule.profile()"},
+    )
     min_cluster_ops: int = field(
         default=1, metadata={"help": "clusters with fewer compiled ops run in PyTorch instead"}
     )

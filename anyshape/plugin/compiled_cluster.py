@@ -20,6 +20,7 @@ from ..ir.graph import Graph
 from ..passes.pipeline import run_pipeline
 from ..runtime.binder import InputSpec, ShapeBinder
 from ..runtime.interpreter import run_graph
+from .profile import SiteTiming
 
 
 def graph_symbols(graph: Graph) -> frozenset[str]:
@@ -60,6 +61,7 @@ class CompiledCluster:
         self.native = None
         if options.backend == "cpu":
             self.native = CpuExecutable(self.graph, self.extra_symbols, torch.get_num_threads())
+            self.native.set_profiling(options.profile)
         elif options.backend != "interpreter":
             raise ValueError(f"unknown backend {options.backend!r} (cpu or interpreter)")
 
@@ -84,6 +86,15 @@ class CompiledCluster:
                 o = np.array(o)
             result.append(torch.from_numpy(o))
         return tuple(result)
+
+    def read_profile(self) -> list[SiteTiming]:
+        """Kernel timings since the last read (empty for the interpreter)."""
+        if self.native is None:
+            return []
+        return [
+            SiteTiming(self.graph.name, k, label, calls, sec)
+            for k, (label, calls, sec) in enumerate(self.native.read_profile())
+        ]
 
     def __repr__(self) -> str:
         return f"CompiledCluster(@{self.graph.name}, {len(self.graph.nodes())} nodes)"

@@ -74,6 +74,8 @@ class NativeGraph:
         self.free.argtypes = [ctypes.c_void_p]
         with _init_lock:
             self.lib.anyshape_init(ctypes.c_int(num_threads))
+        self.lib.anyshape_num_sites.restype = ctypes.c_int64
+        self.num_sites = int(self.lib.anyshape_num_sites())
         self.output_slots = output_slots
         self.num_outputs = max(output_slots, default=-1) + 1
         self.out_dtypes = out_dtypes  # per slot
@@ -105,6 +107,17 @@ class NativeGraph:
         for slot in range(self.num_outputs):
             result.append(self._adopt(outs[slot], self.out_dtypes[slot]))
         return result
+
+    def set_profiling(self, on: bool) -> None:
+        """Time every kernel call site from now on (``on``) or stop timing."""
+        self.lib.anyshape_profile_enable(ctypes.c_int(1 if on else 0))
+
+    def read_profile(self) -> list[tuple[int, float]]:
+        """(calls, seconds) per call site since the last read; resets the counters."""
+        n = max(self.num_sites, 1)
+        seconds, calls = (ctypes.c_double * n)(), (ctypes.c_int64 * n)()
+        self.lib.anyshape_profile_read(seconds, calls)
+        return [(int(calls[k]), float(seconds[k])) for k in range(self.num_sites)]
 
     def _adopt(self, desc: AsTensor, dtype: DType) -> np.ndarray:
         shape = tuple(desc.shape[k] for k in range(desc.ndim))

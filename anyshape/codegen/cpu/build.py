@@ -29,6 +29,7 @@ FLAGS = [
     "-std=c++17",
     "-fwrapv",
     "-fno-math-errno",
+    "-fno-trapping-math",
     "-w",
 ]
 

@@ -35,6 +35,14 @@ class CpuExecutable:
             num_threads,
         )
         self.output_slots = program.output_slots
+        self.kernel_labels = program.kernel_labels
+
+    def set_profiling(self, on: bool) -> None:
+        self.native.set_profiling(on)
+
+    def read_profile(self) -> list[tuple[str, int, float]]:
+        """(label, calls, seconds) per kernel call site since the last read."""
+        return [(lbl, *cs) for lbl, cs in zip(self.kernel_labels, self.native.read_profile())]
 
     def __call__(self, arrays: list[np.ndarray], extra: list[int]) -> list[np.ndarray | None]:
         results = self.native(arrays, extra)

@@ -1,7 +1,7 @@
 """C++ expressions for fused values: what a node's element at a given index is.
 
 Sits under ``kernels``. A ``KernelScope`` collects one kernel's parameters (the
-buffers it reads or writes as ``P[k]``, the run-time integers it needs as
+buffers it reads or writes as ``P[k]``, bound to restrict-qualified ``pk``, the run-time integers it needs as
 ``D[k]``) and its statements; ``value(node, idx)`` returns a C++ expression for
 ``node`` at index vector ``idx`` (C++ expressions over loop variables), walking
 through fused producers and loading from materialized ones. Because kernels
@@ -24,7 +24,7 @@ from .schedule import Schedule
 UNARY = {
     "neg": "(-{0})",
     "abs": "std::abs({0})",
-    "exp": "std::exp({0})",
+    "exp": "as_exp({0})",
     "log": "std::log({0})",
     "log1p": "std::log1p({0})",
     "expm1": "std::expm1({0})",
@@ -38,12 +38,12 @@ UNARY = {
     "atan": "std::atan({0})",
     "sinh": "std::sinh({0})",
     "cosh": "std::cosh({0})",
-    "tanh": "std::tanh({0})",
+    "tanh": "as_tanh({0})",
     "asinh": "std::asinh({0})",
     "acosh": "std::acosh({0})",
     "atanh": "std::atanh({0})",
-    "erf": "std::erf({0})",
-    "sigmoid": "(({t})1 / (({t})1 + std::exp(-{0})))",
+    "erf": "as_erf({0})",
+    "sigmoid": "as_sigmoid({0})",
     "floor": "std::floor({0})",
     "ceil": "std::ceil({0})",
     "round": "std::nearbyint({0})",
@@ -94,7 +94,7 @@ class KernelScope:
         b = self.buffer_of[id(node)]
         if b not in self.ptrs:
             self.ptrs.append(b)
-        return f"P[{self.ptrs.index(b)}]"
+        return f"p{self.ptrs.index(b)}"
 
     def integer(self, source) -> str:
         if source not in self.ints:
@@ -208,12 +208,19 @@ class KernelScope:
         x = n.inputs[0]
         if tuple(x.shape) == tuple(n.shape):
             return self.value(x, idx)
-        lin = self.tmp("int64_t", self._linear(n.shape, idx))
-        src = []
-        for i in range(x.rank):
-            inner = _product(x.shape[i + 1 :])
-            q = lin if inner == 1 else f"({lin} / {self.dim(inner)})"
-            src.append(q if i == 0 else f"({q} % {self.dim(x.shape[i])})")
+        src: list[str] = []
+        for out_dims, in_dims in _reshape_groups(tuple(n.shape), tuple(x.shape)):
+            if len(out_dims) == 1 and len(in_dims) == 1:
+                src.append(idx[out_dims[0]])
+                continue
+            sub = [n.shape[d] for d in out_dims]
+            lin = self._linear(sub, [idx[d] for d in out_dims])
+            if len(in_dims) > 1 and not _is_simple(lin):
+                lin = self.tmp("int64_t", lin)
+            for k, d in enumerate(in_dims):
+                inner = _product([x.shape[j] for j in in_dims[k + 1 :]])
+                q = lin if inner == 1 else f"({lin} / {self.dim(inner)})"
+                src.append(q if k == 0 else f"({q} % {self.dim(x.shape[d])})")
         return self.value(x, tuple(src))
 
     def _linear(self, shape, idx) -> str:
@@ -270,6 +277,58 @@ class KernelScope:
         src = list(idx)
         src[a] = j
         return self.value(x, tuple(src))
+
+
+def _reshape_groups(out_shape, in_shape) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Pair runs of output and input dims with provably equal products, left to right.
+
+    A dim that passes through a reshape unchanged forms a group of its own, so its
+    index is used as is (no divide or modulo in the loop). Size-1 dims join the
+    group before them. When products cannot be matched symbolically, everything
+    is one group (a flat index).
+    """
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(out_shape) and j < len(in_shape):
+        oi, ij = [i], [j]
+        po, pi = as_expr(out_shape[i]), as_expr(in_shape[j])
+        i, j = i + 1, j + 1
+        while po != pi:
+            if _divides(po, pi) and i < len(out_shape):
+                po, i = po * out_shape[i], i + 1
+                oi.append(i - 1)
+            elif _divides(pi, po) and j < len(in_shape):
+                pi, j = pi * in_shape[j], j + 1
+                ij.append(j - 1)
+            elif i < len(out_shape) and j < len(in_shape):
+                po, pi = po * out_shape[i], pi * in_shape[j]
+                oi.append(i)
+                ij.append(j)
+                i, j = i + 1, j + 1
+            else:
+                break
+        if po != pi:
+            return [(tuple(range(len(out_shape))), tuple(range(len(in_shape))))]
+        groups.append((oi, ij))
+    rest_out, rest_in = list(range(i, len(out_shape))), list(range(j, len(in_shape)))
+    if any(out_shape[d] != 1 for d in rest_out) or any(in_shape[d] != 1 for d in rest_in):
+        return [(tuple(range(len(out_shape))), tuple(range(len(in_shape))))]
+    if not groups:
+        return [(tuple(range(len(out_shape))), tuple(range(len(in_shape))))]
+    groups[-1][0].extend(rest_out)
+    groups[-1][1].extend(rest_in)
+    return [(tuple(o), tuple(n)) for o, n in groups]
+
+
+def _divides(a: SymExpr, b: SymExpr) -> bool:
+    """``a`` divides ``b`` for every value of the symbols (a proper factor)."""
+    if a == b:
+        return False
+    if a.is_constant and b.is_constant:
+        av, bv = a.constant_value, b.constant_value
+        return av != 0 and bv % av == 0 and abs(av) < abs(bv)
+    q = b // a
+    return not any(not isinstance(atom, str) for m, _ in q.terms for atom, _ in m) and q * a == b
 
 
 def _product(dims):

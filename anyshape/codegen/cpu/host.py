@@ -22,6 +22,7 @@ from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
 from .kernels import Kernel, emit_kernel
+from .memory import MemoryPlan, plan_memory
 from .schedule import SOURCE_OPS, plan_schedule
 
 
@@ -69,6 +70,7 @@ class HostProgram:
     output_slots: list[int]  # for each graph output: slot in out[], or -1 for a source
     extra_symbols: list[str]
     param_names: list[str]  # weights in the order of prm[]
+    kernel_labels: list[str]  # what each profiled call site runs, in call order
 
 
 def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
@@ -78,7 +80,8 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     names: dict[str, str] = {}
     for k in kernels:
         names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])
-    lines = [resources.files(__package__).joinpath("prelude.h").read_text(), ""]
+    here = resources.files(__package__)
+    lines = [here.joinpath("prelude.h").read_text(), here.joinpath("vmath.h").read_text(), ""]
     for body, name in names.items():
         lines.append(f"static int {name}(void* const* P, const int64_t* D) {{")
         lines += ["  " + ln for ln in body.splitlines()]
@@ -86,13 +89,32 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     host, slots = _host_function(graph, sched, buffer_of, kernels, names, extra_symbols)
     lines += host
     params = [n.attr("name") for n in sched.materialized if n.op == "param"]
-    return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params)
+    labels = [kernel_label(k.root) for k in kernels]
+    return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params, labels)
+
+
+def kernel_label(root: Node) -> str:
+    """``op f32[s0, 768]``: what a profiled call site computes."""
+    return f"{root.op} {root.type}"
 
 
 def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_symbols):
     specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in graph.inputs]
     binder = ShapeBinder(specs, graph.constraints, what=f"cluster @{graph.name}")
     out = [
+        f"static double as_prof_seconds[{max(len(kernels), 1)}];",
+        f"static int64_t as_prof_calls[{max(len(kernels), 1)}];",
+        "static inline void as_prof_add(int site, double dt) {",
+        "  #pragma omp atomic",
+        "  as_prof_seconds[site] += dt;",
+        "  #pragma omp atomic",
+        "  as_prof_calls[site] += 1;",
+        "}",
+        f'extern "C" int64_t anyshape_num_sites() {{ return {len(kernels)}; }}',
+        'extern "C" void anyshape_profile_read(double* seconds, int64_t* calls) {',
+        f"  for (int k = 0; k < {len(kernels)}; ++k) {{ seconds[k] = as_prof_seconds[k]; "
+        "calls[k] = as_prof_calls[k]; as_prof_seconds[k] = 0; as_prof_calls[k] = 0; }",
+        "}",
         'extern "C" int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* out,',
         "                             const int64_t* extra, char* err, int64_t errlen) {",
     ]
@@ -100,7 +122,19 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
     input_index = {id(n): i for i, n in enumerate(graph.inputs)}
     params = [n for n in sched.materialized if n.op == "param"]
     param_index = {id(n): i for i, n in enumerate(params)}
-    owned = []
+    out_nodes: list[Node] = []
+    slots = []
+    for o in graph.outputs:
+        if o.op in SOURCE_OPS:
+            slots.append(-1)
+            continue
+        if o not in out_nodes:
+            out_nodes.append(o)
+        slots.append(out_nodes.index(o))
+    returned = {buffer_of[id(o)] for o in out_nodes}
+    plan = plan_memory(sched, buffer_of, kernels, returned)
+    body += _workspace(plan)
+    owned = []  # returned buffers: malloc'd here, freed by the caller
     for n in sched.materialized:
         b = buffer_of[id(n)]
         if id(n) in sched.aliases:
@@ -111,27 +145,28 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         elif n.op == "param":
             i = param_index[id(n)]
             body.append(f"void* b{b} = prm[{i}].data ? prm[{i}].data : (void*)as_zero_block;")
+        elif b in plan.slot_of:
+            k = plan.slot_of[b]
+            body.append(f"void* b{b} = ws + ws_offset[{k}];")
         else:
             size = c_int(SymExpr.const(0) + n.type.numel)
             body.append(f"void* b{b} = as_alloc({size} * {n.dtype.itemsize});")
             owned.append(b)
-    outputs = [o for o in graph.outputs]
-    out_nodes: list[Node] = []
-    slots = []
-    for o in outputs:
-        if o.op in SOURCE_OPS:
-            slots.append(-1)
-            continue
-        if o not in out_nodes:
-            out_nodes.append(o)
-        slots.append(out_nodes.index(o))
-    kept = {buffer_of[id(o)] for o in out_nodes}
+    if owned:
+        checks = " || ".join(f"!b{b}" for b in owned)
+        free_all = " ".join(f"std::free(b{b});" for b in owned)
+        body.append(
+            f'if ({checks}) {{ {free_all} snprintf(err, errlen, "out of memory for the '
+            f'outputs"); return 2; }}'
+        )
     free_all = " ".join(f"std::free(b{b});" for b in owned)
-    for k in kernels:
+    for site, k in enumerate(kernels):
         ptrs = ", ".join(f"b{p}" for p in k.ptrs)
         ints = ", ".join(c_int(d) for d in k.ints) or "0"
         body.append(f"{{ void* const P[] = {{{ptrs}}}; const int64_t D[] = {{{ints}}};")
+        body.append("  const double t0 = as_prof_on ? omp_get_wtime() : 0;")
         body.append(f"  int e = {names[k.body]}(P, D);")
+        body.append(f"  if (as_prof_on) as_prof_add({site}, omp_get_wtime() - t0);")
         body.append(
             f'  if (e) {{ {free_all} snprintf(err, errlen, "%s in {k.root.op}", '
             f"as_kernel_error(e)); return 2; }} }}"
@@ -141,10 +176,29 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         body.append(f"out[{slot}].data = b{b}; out[{slot}].ndim = {o.rank};")
         for d, dim in enumerate(o.shape):
             body.append(f"out[{slot}].shape[{d}] = {c_int(dim)};")
-    body += [f"std::free(b{b});" for b in owned if b not in kept]
     body.append("return 0;")
     out += ["  " + ln for ln in body] + ["}"]
     return out, slots
+
+
+def _workspace(plan: MemoryPlan) -> list[str]:
+    """Size every workspace slot for this call and take the calling thread's workspace."""
+    if not plan.slots:
+        return []
+    n = len(plan.slots)
+    lines = [f"int64_t ws_offset[{n + 1}]; ws_offset[0] = 0;"]
+    for k, members in enumerate(plan.slots):
+        sizes = [c_int(plan.bytes[b]) for b in members]
+        lines.append(
+            f"ws_offset[{k + 1}] = ws_offset[{k}] + "
+            f"as_round64({_fold('std::max<int64_t>', sizes)});"
+        )
+    lines.append(f"char* ws = (char*)as_workspace(ws_offset[{n}]);")
+    lines.append(
+        f'if (!ws) {{ snprintf(err, errlen, "out of memory for a %lld-byte workspace", '
+        f"(long long)ws_offset[{n}]); return 2; }}"
+    )
+    return lines
 
 
 def _prologue(binder: ShapeBinder, extra_symbols: list[str]) -> list[str]:

@@ -136,6 +136,10 @@ def _combine(kind: str, acc: str, v: str, dt: DType) -> str:
     return f"{acc} = as_{kind}({acc}, {v});"
 
 
+# OpenMP reductions that vectorize the innermost reduction loop (reassociating the sum).
+_SIMD_REDUCTION = {"sum": "reduction(+:acc)", "prod": "reduction(*:acc)"}
+
+
 def _reduce_init(kind: str, dt: DType) -> str:
     if kind in _INIT:
         return _INIT[kind]
@@ -158,11 +162,27 @@ def _emit_reduce(scope: KernelScope, root: Node) -> list[str]:
         idx.append(f"r{d}" if d in axes else next(it))
     acc_t = _acc_type(kind, x.dtype)
     inner = [f"{acc_t} acc = {_reduce_init(kind, x.dtype)};"]
-    for a in axes:
+    simd = _SIMD_REDUCTION.get(kind)
+    float_minmax = kind in ("max", "min") and x.dtype.is_float
+    if float_minmax:  # NaN propagates: tracked apart so the max/min itself vectorizes
+        inner.append("bool nan = false;")
+        simd = f"reduction({kind}:acc) reduction(|:nan)"
+    for k, a in enumerate(axes):
+        if simd and k == len(axes) - 1:
+            inner.append(f"#pragma omp simd {simd}")
         inner.append(f"for (int64_t r{a} = 0; r{a} < {scope.dim(x.shape[a])}; ++r{a}) {{")
-    body = _body(scope, lambda: _combine(kind, "acc", scope.value(x, tuple(idx)), x.dtype))
-    inner += _indent(body, len(axes))
+
+    def step():
+        v = scope.value(x, tuple(idx))
+        if float_minmax:
+            better = ">" if kind == "max" else "<"
+            return f"nan |= ({v} != {v}); acc = {v} {better} acc ? {v} : acc;"
+        return _combine(kind, "acc", v, x.dtype)
+
+    inner += _indent(_body(scope, step), len(axes))
     inner += ["}"] * len(axes)
+    if float_minmax:
+        inner.append(f"if (nan) acc = std::numeric_limits<{acc_t}>::quiet_NaN();")
     inner.append(_store(scope, root, out_names, "acc"))
     lines += _indent(inner, 2 if root.rank else 0)
     _nest_close(root.rank, lines)
@@ -243,11 +263,6 @@ def _emit_dot(scope: KernelScope, root: Node) -> list[str]:
     pa, pb, pc = scope.ptr(abuf), scope.ptr(bbuf), scope.ptr(root)
     M, N, K, B = (scope.dim(v) for v in (m, n, k, batch))
     if root.dtype in (DType.f32, DType.f64):
-        fn = (
-            "scipy_cblas_sgemm_batch_strided"
-            if root.dtype is DType.f32
-            else "scipy_cblas_dgemm_batch_strided"
-        )
         t = c_type(root.dtype)
         lda = M if ta else K
         ldb = K if tb else N
@@ -255,11 +270,9 @@ def _emit_dot(scope: KernelScope, root: Node) -> list[str]:
             f"if ({M} == 0 || {N} == 0) return 0;",
             f"if ({K} == 0) {{ for (int64_t q = 0; q < {B} * {M} * {N}; ++q) (({t}*){pc})[q] = 0; "
             "return 0; }",
-            f"{fn}(CblasRowMajor, {'CblasTrans' if ta else 'CblasNoTrans'}, "
-            f"{'CblasTrans' if tb else 'CblasNoTrans'}, (blasint){M}, (blasint){N}, (blasint){K}, "
-            f"1, (const {t}*){pa}, (blasint){lda}, (blasint)({M} * {K}), (const {t}*){pb}, "
-            f"(blasint){ldb}, (blasint)({K} * {N}), 0, ({t}*){pc}, (blasint){N}, "
-            f"(blasint)({M} * {N}), (blasint){B});",
+            f"as_gemm_batch<{t}>({'CblasTrans' if ta else 'CblasNoTrans'}, "
+            f"{'CblasTrans' if tb else 'CblasNoTrans'}, {M}, {N}, {K}, "
+            f"(const {t}*){pa}, {lda}, (const {t}*){pb}, {ldb}, ({t}*){pc}, {B});",
         ]
     ct, acc = c_type(root.dtype), "double" if root.dtype.is_float else "int64_t"
     ia = f"(p * {K} + kk) * {M} + i" if ta else f"(p * {M} + i) * {K} + kk"
@@ -357,6 +370,8 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
     scope = KernelScope(sched, buffer_of)
     scope.ptr(root)  # the output is P[0]
     lines = EMITTERS.get(root.op, _emit_pointwise)(scope, root)
-    head = ["int err_flag = 0; int* err = &err_flag; (void)err;"]
+    # Buffers never overlap within a kernel: restrict lets loops vectorize without checks.
+    head = [f"void* __restrict__ p{k} = P[{k}];" for k in range(len(scope.ptrs))]
+    head.append("int err_flag = 0; int* err = &err_flag; (void)err;")
     body = "\n".join(head + lines + ["return err_flag;"])
     return Kernel(body, scope.ptrs, scope.ints, root)

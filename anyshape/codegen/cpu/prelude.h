@@ -25,6 +25,26 @@ static inline void* as_alloc(int64_t bytes) {
   return std::aligned_alloc(64, n);
 }
 
+static inline int64_t as_round64(int64_t bytes) { return bytes <= 0 ? 64 : (bytes + 63) / 64 * 64; }
+
+// The calling thread's workspace: grows to the largest call seen and is reused, so
+// steady-state calls neither allocate nor fault pages in; threads never share one.
+struct AsArena {
+  void* data = nullptr;
+  int64_t size = 0;
+  ~AsArena() { std::free(data); }
+};
+static void* as_workspace(int64_t bytes) {
+  static thread_local AsArena arena;
+  if (bytes > arena.size) {
+    std::free(arena.data);
+    arena.size = as_round64(bytes + bytes / 8);
+    arena.data = std::aligned_alloc(64, (size_t)arena.size);
+    if (!arena.data) arena.size = 0;
+  }
+  return arena.data;
+}
+
 template <class T> static inline bool as_isnan(T x) {
   if constexpr (std::is_floating_point_v<T>) return x != x; else return false;
 }
@@ -81,6 +101,39 @@ static const char* as_kernel_error(int code) {
        : code == 2 ? "integer division by zero" : "kernel error";
 }
 
+// Row-major C[b] = op(A[b]) @ op(B[b]) over a packed batch. One big GEMM per batch entry
+// uses OpenBLAS's threaded driver; many small ones go through its batched call, which
+// spreads whole GEMMs across the threads.
+template <class T>
+static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
+                                 int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
+                                 T* c, int64_t batch) {
+  const bool threaded_each = batch < 2 * omp_get_max_threads() || m * n * k >= (INT64_C(1) << 22);
+  if (threaded_each) {
+    for (int64_t p = 0; p < batch; ++p) {
+      if constexpr (std::is_same_v<T, float>)
+        scipy_cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, 1.0f,
+                          a + p * m * k, (blasint)lda, b + p * k * n, (blasint)ldb, 0.0f,
+                          c + p * m * n, (blasint)n);
+      else
+        scipy_cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, 1.0,
+                          a + p * m * k, (blasint)lda, b + p * k * n, (blasint)ldb, 0.0,
+                          c + p * m * n, (blasint)n);
+    }
+    return;
+  }
+  if constexpr (std::is_same_v<T, float>)
+    scipy_cblas_sgemm_batch_strided(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k,
+                                    1.0f, a, (blasint)lda, (blasint)(m * k), b, (blasint)ldb,
+                                    (blasint)(k * n), 0.0f, c, (blasint)n, (blasint)(m * n),
+                                    (blasint)batch);
+  else
+    scipy_cblas_dgemm_batch_strided(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k,
+                                    1.0, a, (blasint)lda, (blasint)(m * k), b, (blasint)ldb,
+                                    (blasint)(k * n), 0.0, c, (blasint)n, (blasint)(m * n),
+                                    (blasint)batch);
+}
+
 // OpenBLAS runs its parallel work on anyshape's OpenMP pool: one thread pool in the process.
 static void as_blas_threads(int sync, openblas_dojob_callback dojob, int numjobs,
                             size_t jobdata_elsize, void* jobdata, int dojob_data) {
@@ -97,3 +150,7 @@ extern "C" void anyshape_init(int num_threads) {
 }
 
 extern "C" void anyshape_free(void* p) { std::free(p); }
+
+// Per-call-site timing, off unless anyshape_profile_enable(1): one branch per kernel call.
+static int as_prof_on = 0;
+extern "C" void anyshape_profile_enable(int on) { as_prof_on = on; }
