@@ -12,6 +12,7 @@ import torch.utils._pytree as pytree
 from .config import Options
 from .errors import AnyshapeError, InputError
 from .plugin.compile import CompileReport, compile_graph
+from .plugin.direct import FlatInputs, plan_direct
 from .plugin.explain import ExplainReport
 from .plugin.profile import ProfileReport
 from .stats import bump
@@ -44,8 +45,17 @@ class OptimizedModule(torch.nn.Module):
         self._names = [n.name for n in placeholders]
         self._examples = [n.meta.get("val") for n in placeholders]
         self._in_spec = getattr(graph_module, "_in_spec", None)
+        self._flat_inputs = FlatInputs(self._in_spec)
+        self._direct = plan_direct(graph_module)
+        self._all_tensors = all(isinstance(e, torch.Tensor) for e in self._examples)
 
     def forward(self, *args, **kwargs):
+        flat = self._flat_inputs(args, kwargs)
+        if flat is not None and self._direct is not None and self._all_tensors:
+            for name, leaf in zip(self._names, flat):
+                if not isinstance(leaf, torch.Tensor):
+                    raise InputError(f"input {name!r} must be a tensor, got {type(leaf).__name__}")
+            return self._direct(flat)
         self._check_structure(args, kwargs)
         return self.graph_module(*args, **kwargs)
 

@@ -26,7 +26,7 @@ class Options:
         metadata={"help": "run the IR verifier after every pass (the test suite turns it on)"},
     )
     backend: str = field(
-        default="interpreter",
+        default="cpu",
         metadata={"help": "cpu: generated C++ kernels (default); interpreter: the NumPy reference"},
     )
     profile: bool = field(

@@ -2,7 +2,9 @@
 
 ``anyshape.stats()["compilations"]`` counts graphs compiled in this process (one
 per ``optimize`` call, one per graph TorchDynamo hands the backend); tests use
-it to prove that a stream of shapes never recompiles.
+it to prove that a stream of shapes never recompiles. ``native_libraries``
+counts shared libraries the CPU backend loaded, ``native_builds`` those it had
+to build (cache misses).
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ def reset_stats() -> None:
     """Zero every counter."""
     with _lock:
         _counters.clear()
-        _counters.update({"compilations": 0, "clusters": 0, "fallback_ops": 0, "compiled_ops": 0})
+        _counters.update(
+            {
+                "compilations": 0,
+                "clusters": 0,
+                "fallback_ops": 0,
+                "compiled_ops": 0,
+                "native_libraries": 0,
+                "native_builds": 0,
+            }
+        )
 
 
 def bump(key: str, n: int = 1) -> None:

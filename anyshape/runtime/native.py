@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..ir.dtypes import DType
+from .fastcall import fastcall
 
 MAX_RANK = 8
 
@@ -58,6 +59,7 @@ class NativeGraph:
         out_dtypes: list[DType],
         params: list[np.ndarray],
         num_threads: int = 0,
+        inputs: list[tuple[str, DType]] | None = None,
     ):
         self.lib = ctypes.CDLL(str(path))
         self.main = self.lib.anyshape_main
@@ -83,8 +85,33 @@ class NativeGraph:
         self.param_desc = (AsTensor * max(len(params), 1))()
         for k, p in enumerate(self.params):
             _describe(self.param_desc[k], p)
+        self._fast = fastcall() if inputs is not None else None
+        if self._fast is not None:
+            addr = ctypes.cast
+            self._fast_args = (
+                addr(self.main, ctypes.c_void_p).value,
+                addr(self.free, ctypes.c_void_p).value,
+                ctypes.addressof(self.param_desc),
+            )
+            self._in_types = tuple(dt.to_numpy().num for _, dt in inputs)
+            self._in_names = tuple(name for name, _ in inputs)
+            self._out_types = tuple(dt.to_numpy().num for dt in out_dtypes)
 
     def __call__(self, arrays: list[np.ndarray], extra: list[int]) -> list[np.ndarray | None]:
+        if self._fast is not None:
+            main, free, params = self._fast_args
+            return self._fast.call(
+                main,
+                free,
+                params,
+                arrays if type(arrays) is list else list(arrays),
+                tuple(extra),
+                self._in_types,
+                self._in_names,
+                self._out_types,
+                InputError,
+                KernelError,
+            )
         n = len(arrays)
         ins = (AsTensor * max(n, 1))()
         keep = []

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ...errors import AnyshapeError
+from ...stats import bump
 
 VERSION = "0.1.0"
 FLAGS = [
@@ -77,27 +78,33 @@ def _digest(path: Path) -> str:
 
 def build_library(source: str, name: str = "graph") -> Path:
     """The path of a shared library built from ``source`` (from the cache when present)."""
+    return build_cached(source, name, FLAGS + blas_flags())
+
+
+def build_cached(source: str, name: str, flags: list[str], language: str = "c++") -> Path:
+    """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++."""
     cxx, version = compiler()
-    flags = FLAGS + blas_flags()
     key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION]).encode())
     key = key.hexdigest()[:32]
     root = cache_dir()
     lib, stamp = root / f"{name}-{key}.so", root / f"{name}-{key}.sha256"
     if lib.exists() and stamp.exists() and stamp.read_text().strip() == _digest(lib):
         return lib
+    ext = ".cpp" if language == "c++" else ".c"
     dump = os.environ.get("ANYSHAPE_DUMP_DIR")
     if dump:
         Path(dump).mkdir(parents=True, exist_ok=True)
-        (Path(dump) / f"{name}-{key}.cpp").write_text(source)
+        (Path(dump) / f"{name}-{key}{ext}").write_text(source)
+    bump("native_builds")
     with tempfile.TemporaryDirectory(dir=root) as tmp:
-        src = Path(tmp) / "graph.cpp"
+        src = Path(tmp) / f"graph{ext}"
         src.write_text(source)
         out = Path(tmp) / "graph.so"
         proc = subprocess.run(
-            [cxx, *FLAGS, str(src), "-o", str(out), *blas_flags()], capture_output=True, text=True
+            [cxx, "-x", language, str(src), "-o", str(out), *flags], capture_output=True, text=True
         )
         if proc.returncode != 0:
-            kept = root / f"{name}-{key}.failed.cpp"
+            kept = root / f"{name}-{key}.failed{ext}"
             kept.write_text(source)
             raise BuildError(f"C++ build failed (source kept at {kept}):\n{proc.stderr[-4000:]}")
         digest = _digest(out)

@@ -50,12 +50,12 @@ def literal(value, dt: DType) -> str:
     if dt.is_int:
         v = int(value)
         if dt is DType.i64:
-            return f"INT64_C({v})"
+            return "(INT64_C(-9223372036854775807) - 1)" if v == -(2**63) else f"INT64_C({v})"
         return f"(({compute_type(dt)}){v})"
     v = float(value)
     ct = compute_type(dt)
     if math.isnan(v):
-        return f"(({ct})NAN)"
+        return f"(({ct})__builtin_nan(\"\"))"
     if math.isinf(v):
-        return f"(({ct})({'-' if v < 0 else ''}INFINITY))"
+        return f"(({ct})({'-' if v < 0 else ''}__builtin_inf()))"
     return f"(({ct}){v.hex()})"

@@ -13,6 +13,7 @@ import numpy as np
 
 from ...ir.graph import Graph
 from ...runtime.native import NativeGraph
+from ...stats import bump
 from .build import build_library
 from .host import emit_translation_unit
 
@@ -22,6 +23,7 @@ class CpuExecutable:
         program = emit_translation_unit(graph, extra_symbols)
         self.source = program.source
         path = build_library(program.source, graph.name)
+        bump("native_libraries")
         slot_dtypes: dict[int, object] = {}
         for out, slot in zip(graph.outputs, program.output_slots):
             if slot >= 0:
@@ -33,6 +35,7 @@ class CpuExecutable:
             [slot_dtypes[k] for k in sorted(slot_dtypes)],
             params,
             num_threads,
+            inputs=[(n.attr("name"), n.dtype) for n in graph.inputs],
         )
         self.output_slots = program.output_slots
         self.kernel_labels = program.kernel_labels

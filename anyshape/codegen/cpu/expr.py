@@ -23,35 +23,35 @@ from .schedule import Schedule
 
 UNARY = {
     "neg": "(-{0})",
-    "abs": "std::abs({0})",
+    "abs": "as_abs({0})",
     "exp": "as_exp({0})",
-    "log": "std::log({0})",
-    "log1p": "std::log1p({0})",
-    "expm1": "std::expm1({0})",
-    "sqrt": "std::sqrt({0})",
-    "rsqrt": "(({t})1 / std::sqrt({0}))",
-    "sin": "std::sin({0})",
-    "cos": "std::cos({0})",
-    "tan": "std::tan({0})",
-    "asin": "std::asin({0})",
-    "acos": "std::acos({0})",
-    "atan": "std::atan({0})",
-    "sinh": "std::sinh({0})",
-    "cosh": "std::cosh({0})",
+    "log": "as_log({0})",
+    "log1p": "as_log1p({0})",
+    "expm1": "as_expm1({0})",
+    "sqrt": "as_sqrt({0})",
+    "rsqrt": "(({t})1 / as_sqrt({0}))",
+    "sin": "as_sin({0})",
+    "cos": "as_cos({0})",
+    "tan": "as_tan({0})",
+    "asin": "as_asin({0})",
+    "acos": "as_acos({0})",
+    "atan": "as_atan({0})",
+    "sinh": "as_sinh({0})",
+    "cosh": "as_cosh({0})",
     "tanh": "as_tanh({0})",
-    "asinh": "std::asinh({0})",
-    "acosh": "std::acosh({0})",
-    "atanh": "std::atanh({0})",
+    "asinh": "as_asinh({0})",
+    "acosh": "as_acosh({0})",
+    "atanh": "as_atanh({0})",
     "erf": "as_erf({0})",
     "sigmoid": "as_sigmoid({0})",
-    "floor": "std::floor({0})",
-    "ceil": "std::ceil({0})",
-    "round": "std::nearbyint({0})",
-    "trunc": "std::trunc({0})",
+    "floor": "as_floor({0})",
+    "ceil": "as_ceil({0})",
+    "round": "as_nearbyint({0})",
+    "trunc": "as_trunc({0})",
     "sign": "as_sign({0})",
     "bitwise_not": "(~{0})",
-    "isnan": "std::isnan({0})",
-    "isinf": "std::isinf({0})",
+    "isnan": "as_isnan({0})",
+    "isinf": "as_isinf({0})",
 }
 BINARY = {
     "add": "({0} + {1})",
@@ -60,7 +60,7 @@ BINARY = {
     "max": "as_max({0}, {1})",
     "min": "as_min({0}, {1})",
     "pow": "as_pow({0}, {1})",
-    "atan2": "std::atan2({0}, {1})",
+    "atan2": "as_atan2({0}, {1})",
     "and": "({0} & {1})",
     "or": "({0} | {1})",
     "xor": "({0} ^ {1})",
@@ -171,7 +171,7 @@ class KernelScope:
 
     def _divide(self, n: Node, a: str, b: str) -> str:
         if n.dtype.is_float:
-            return f"({a} / {b})" if n.op == "div" else f"std::fmod({a}, {b})"
+            return f"({a} / {b})" if n.op == "div" else f"as_fmod({a}, {b})"
         self.needs_error_flag = True
         fn = "as_idiv" if n.op == "div" else "as_irem"
         return f"{fn}({a}, {b}, err)"

@@ -42,8 +42,8 @@ def c_int(e, sym=lambda s: f"S_{s}") -> str:
                 fn = {
                     "floordiv": "as_floordiv",
                     "mod": "as_mod",
-                    "max": "std::max<int64_t>",
-                    "min": "std::min<int64_t>",
+                    "max": "as_max64",
+                    "min": "as_min64",
                 }[atom.kind]
                 base = (
                     _fold(fn, args) if atom.kind in ("max", "min") else f"{fn}({', '.join(args)})"
@@ -154,12 +154,12 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
             owned.append(b)
     if owned:
         checks = " || ".join(f"!b{b}" for b in owned)
-        free_all = " ".join(f"std::free(b{b});" for b in owned)
+        free_all = " ".join(f"free(b{b});" for b in owned)
         body.append(
             f'if ({checks}) {{ {free_all} snprintf(err, errlen, "out of memory for the '
             f'outputs"); return 2; }}'
         )
-    free_all = " ".join(f"std::free(b{b});" for b in owned)
+    free_all = " ".join(f"free(b{b});" for b in owned)
     for site, k in enumerate(kernels):
         ptrs = ", ".join(f"b{p}" for p in k.ptrs)
         ints = ", ".join(c_int(d) for d in k.ints) or "0"
@@ -191,7 +191,7 @@ def _workspace(plan: MemoryPlan) -> list[str]:
         sizes = [c_int(plan.bytes[b]) for b in members]
         lines.append(
             f"ws_offset[{k + 1}] = ws_offset[{k}] + "
-            f"as_round64({_fold('std::max<int64_t>', sizes)});"
+            f"as_round64({_fold('as_max64', sizes)});"
         )
     lines.append(f"char* ws = (char*)as_workspace(ws_offset[{n}]);")
     lines.append(

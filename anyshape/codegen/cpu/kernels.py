@@ -18,11 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr
-from .ctypes_map import c_type, compute_type
+from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
 from .schedule import Schedule
 
@@ -143,12 +145,12 @@ _SIMD_REDUCTION = {"sum": "reduction(+:acc)", "prod": "reduction(*:acc)"}
 def _reduce_init(kind: str, dt: DType) -> str:
     if kind in _INIT:
         return _INIT[kind]
-    lim = "max" if kind == "min" else "lowest"
     if dt.is_float:
-        return (
-            f"({'' if kind == 'min' else '-'}std::numeric_limits<{compute_type(dt)}>::infinity())"
-        )
-    return f"std::numeric_limits<{compute_type(dt)}>::{lim}()"
+        return f"(({compute_type(dt)})({'' if kind == 'min' else '-'}__builtin_inf()))"
+    if dt.is_bool:
+        return "true" if kind == "min" else "false"
+    info = np.iinfo(dt.to_numpy())
+    return literal(info.max if kind == "min" else info.min, dt)
 
 
 def _emit_reduce(scope: KernelScope, root: Node) -> list[str]:
@@ -182,7 +184,7 @@ def _emit_reduce(scope: KernelScope, root: Node) -> list[str]:
     inner += _indent(_body(scope, step), len(axes))
     inner += ["}"] * len(axes)
     if float_minmax:
-        inner.append(f"if (nan) acc = std::numeric_limits<{acc_t}>::quiet_NaN();")
+        inner.append(f'if (nan) acc = ({acc_t})__builtin_nan("");')
     inner.append(_store(scope, root, out_names, "acc"))
     lines += _indent(inner, 2 if root.rank else 0)
     _nest_close(root.rank, lines)
@@ -315,7 +317,7 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
             f"for (int64_t c = 0; c < {cg}; ++c) {{",
         ]
     else:
-        inner += [f"double acc = {'-INFINITY' if kind == 'max' else '0'}; int64_t cnt = 0;", "{"]
+        inner += [f"double acc = {'-__builtin_inf()' if kind == 'max' else '0'}; int64_t cnt = 0;", "{"]
     for s in range(nsp):
         inner.append(f"for (int64_t k{s} = 0; k{s} < {kernel[s]}; ++k{s}) {{")
         pos = f"{out_names[lead + s]} * {stride[s]} - {pad[s]} + k{s} * {dil[s]}"

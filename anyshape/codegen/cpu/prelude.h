@@ -1,14 +1,20 @@
 // anyshape CPU runtime prelude: included at the top of every generated translation unit.
-#include <algorithm>
-#include <cmath>
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <limits>
-#include <type_traits>
+// C headers only (math comes from compiler builtins in vmath.h): the C++ standard library
+// headers would triple the build time of a small graph.
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 #include <cblas.h>
+
+static inline int64_t as_max64(int64_t a, int64_t b) { return a > b ? a : b; }
+static inline int64_t as_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+template <class A, class B> struct as_same { static constexpr bool value = false; };
+template <class A> struct as_same<A, A> { static constexpr bool value = true; };
+template <class T> struct as_is_float {
+  static constexpr bool value = as_same<T, float>::value || as_same<T, double>::value;
+};
 
 struct AsTensor {
   void* data;
@@ -22,7 +28,7 @@ alignas(64) static const unsigned char as_zero_block[64] = {0};
 static inline void* as_alloc(int64_t bytes) {
   size_t n = (size_t)((bytes + 63) / 64 * 64);
   if (n == 0) n = 64;
-  return std::aligned_alloc(64, n);
+  return aligned_alloc(64, n);
 }
 
 static inline int64_t as_round64(int64_t bytes) { return bytes <= 0 ? 64 : (bytes + 63) / 64 * 64; }
@@ -32,21 +38,21 @@ static inline int64_t as_round64(int64_t bytes) { return bytes <= 0 ? 64 : (byte
 struct AsArena {
   void* data = nullptr;
   int64_t size = 0;
-  ~AsArena() { std::free(data); }
+  ~AsArena() { free(data); }
 };
 static void* as_workspace(int64_t bytes) {
   static thread_local AsArena arena;
   if (bytes > arena.size) {
-    std::free(arena.data);
+    free(arena.data);
     arena.size = as_round64(bytes + bytes / 8);
-    arena.data = std::aligned_alloc(64, (size_t)arena.size);
+    arena.data = aligned_alloc(64, (size_t)arena.size);
     if (!arena.data) arena.size = 0;
   }
   return arena.data;
 }
 
 template <class T> static inline bool as_isnan(T x) {
-  if constexpr (std::is_floating_point_v<T>) return x != x; else return false;
+  if constexpr (as_is_float<T>::value) return x != x; else return false;
 }
 template <class A, class B> static inline auto as_max(A a, B b) -> decltype(a + b) {
   using R = decltype(a + b);
@@ -61,12 +67,13 @@ template <class A, class B> static inline auto as_min(A a, B b) -> decltype(a + 
   return a < b ? (R)a : (R)b;
 }
 template <class T> static inline T as_sign(T x) {
-  if constexpr (std::is_floating_point_v<T>) return x > 0 ? (T)1 : (x < 0 ? (T)-1 : x);
+  if constexpr (as_is_float<T>::value) return x > 0 ? (T)1 : (x < 0 ? (T)-1 : x);
   else return (T)((x > 0) - (x < 0));
 }
 template <class A, class B> static inline auto as_pow(A a, B b) -> decltype(a + b) {
   using R = decltype(a + b);
-  if constexpr (std::is_floating_point_v<R>) return std::pow((R)a, (R)b);
+  if constexpr (as_same<R, float>::value) return __builtin_powf(a, b);
+  else if constexpr (as_same<R, double>::value) return __builtin_pow(a, b);
   else { R r = 1, base = a; int64_t e = (int64_t)b;
          if (e < 0) return a == 1 ? (R)1 : (a == -1 ? (R)((e & 1) ? -1 : 1) : (R)0);
          while (e) { if (e & 1) r *= base; base *= base; e >>= 1; } return r; }
@@ -111,7 +118,7 @@ static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
   const bool threaded_each = batch < 2 * omp_get_max_threads() || m * n * k >= (INT64_C(1) << 22);
   if (threaded_each) {
     for (int64_t p = 0; p < batch; ++p) {
-      if constexpr (std::is_same_v<T, float>)
+      if constexpr (as_same<T, float>::value)
         scipy_cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, 1.0f,
                           a + p * m * k, (blasint)lda, b + p * k * n, (blasint)ldb, 0.0f,
                           c + p * m * n, (blasint)n);
@@ -122,7 +129,7 @@ static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
     }
     return;
   }
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (as_same<T, float>::value)
     scipy_cblas_sgemm_batch_strided(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k,
                                     1.0f, a, (blasint)lda, (blasint)(m * k), b, (blasint)ldb,
                                     (blasint)(k * n), 0.0f, c, (blasint)n, (blasint)(m * n),
@@ -149,7 +156,7 @@ extern "C" void anyshape_init(int num_threads) {
   scipy_openblas_set_num_threads(num_threads > 0 ? num_threads : omp_get_max_threads());
 }
 
-extern "C" void anyshape_free(void* p) { std::free(p); }
+extern "C" void anyshape_free(void* p) { free(p); }
 
 // Per-call-site timing, off unless anyshape_profile_enable(1): one branch per kernel call.
 static int as_prof_on = 0;

@@ -12,7 +12,7 @@ AS_VINLINE float as_bits_to_float(int32_t i) { return __builtin_bit_cast(float, 
 AS_VINLINE float as_expf(float x) {
   const float hi = 88.72283905206835f, lo = -103.97207708f;
   float xc = x > hi ? hi : (x < lo ? lo : x);
-  float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+  float n = __builtin_floorf(xc * 1.44269504088896341f + 0.5f);
   float r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -25,7 +25,7 @@ AS_VINLINE float as_expf(float x) {
   int32_t ni = (int32_t)n;
   int32_t n1 = ni >> 1, n2 = ni - n1;
   y = y * as_bits_to_float((n1 + 127) << 23) * as_bits_to_float((n2 + 127) << 23);
-  y = x > hi ? std::numeric_limits<float>::infinity() : y;
+  y = x > hi ? __builtin_inff() : y;
   y = x < lo ? 0.0f : y;
   return x != x ? x : y;
 }
@@ -68,14 +68,57 @@ AS_VINLINE float as_tanhf(float a) {
   q = q * x2 + 2.26843463243900e-03f;
   q = q * x2 + 4.89352518554385e-03f;
   float y = p / q;
-  y = std::fabs(a) < 0.0004f ? a : y;
+  y = __builtin_fabsf(a) < 0.0004f ? a : y;
   return a != a ? a : y;
 }
 
-// The generated code calls these: float gets the vectorizable versions, others libm.
-template <class T> AS_VINLINE auto as_exp(T x) { return std::exp(x); }
-template <class T> AS_VINLINE auto as_erf(T x) { return std::erf(x); }
-template <class T> AS_VINLINE auto as_tanh(T x) { return std::tanh(x); }
+// Every math function the generated code calls, as compiler builtins (no <cmath>): float
+// and double get the matching builtin; integer arguments compute in double, as C++ does.
+#define AS_MATH1(name, fn)                                                        \
+  AS_VINLINE float name(float x) { return __builtin_##fn##f(x); }                \
+  AS_VINLINE double name(double x) { return __builtin_##fn(x); }                 \
+  template <class T> AS_VINLINE double name(T x) { return __builtin_##fn((double)x); }
+AS_MATH1(as_log, log)
+AS_MATH1(as_log1p, log1p)
+AS_MATH1(as_expm1, expm1)
+AS_MATH1(as_sqrt, sqrt)
+AS_MATH1(as_sin, sin)
+AS_MATH1(as_cos, cos)
+AS_MATH1(as_tan, tan)
+AS_MATH1(as_asin, asin)
+AS_MATH1(as_acos, acos)
+AS_MATH1(as_atan, atan)
+AS_MATH1(as_sinh, sinh)
+AS_MATH1(as_cosh, cosh)
+AS_MATH1(as_asinh, asinh)
+AS_MATH1(as_acosh, acosh)
+AS_MATH1(as_atanh, atanh)
+AS_MATH1(as_floor, floor)
+AS_MATH1(as_ceil, ceil)
+AS_MATH1(as_nearbyint, nearbyint)
+AS_MATH1(as_trunc, trunc)
+#undef AS_MATH1
+#define AS_MATH2(name, fn)                                                          \
+  AS_VINLINE float name(float x, float y) { return __builtin_##fn##f(x, y); }      \
+  AS_VINLINE double name(double x, double y) { return __builtin_##fn(x, y); }      \
+  template <class A, class B> AS_VINLINE double name(A x, B y) {                    \
+    return __builtin_##fn((double)x, (double)y);                                    \
+  }
+AS_MATH2(as_atan2, atan2)
+AS_MATH2(as_fmod, fmod)
+#undef AS_MATH2
+template <class T> AS_VINLINE T as_abs(T x) { return x < 0 ? (T)-x : x; }
+AS_VINLINE float as_abs(float x) { return __builtin_fabsf(x); }
+AS_VINLINE double as_abs(double x) { return __builtin_fabs(x); }
+template <class T> AS_VINLINE bool as_isinf(T) { return false; }
+AS_VINLINE bool as_isinf(float x) { return __builtin_isinf(x); }
+AS_VINLINE bool as_isinf(double x) { return __builtin_isinf(x); }
+template <class T> AS_VINLINE double as_exp(T x) { return __builtin_exp((double)x); }
+template <class T> AS_VINLINE double as_erf(T x) { return __builtin_erf((double)x); }
+template <class T> AS_VINLINE double as_tanh(T x) { return __builtin_tanh((double)x); }
+AS_VINLINE double as_exp(double x) { return __builtin_exp(x); }
+AS_VINLINE double as_erf(double x) { return __builtin_erf(x); }
+AS_VINLINE double as_tanh(double x) { return __builtin_tanh(x); }
 AS_VINLINE float as_exp(float x) { return as_expf(x); }
 AS_VINLINE float as_erf(float x) { return as_erff(x); }
 AS_VINLINE float as_tanh(float x) { return as_tanhf(x); }

@@ -1,0 +1,114 @@
+"""The direct call path of a compiled model: no FX interpretation, no pytree walk.
+
+Sits between ``OptimizedModule`` and the compiled clusters. When the whole model
+compiled into one cluster whose inputs are the model's own tensor inputs (the
+common case), a call needs nothing but: put the flat inputs in order, run the
+model prologue and the cluster, and rebuild the output structure. ``plan_direct``
+recognises that shape of assembled graph and returns a ``DirectPlan``, or
+``None`` (the assembled ``GraphModule`` then runs as usual). ``FlatInputs``
+flattens ``(args, kwargs)`` without torch's general pytree machinery when the
+example inputs were plain tensors and keywords.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from .compile import ModelPrologue
+from .compiled_cluster import CompiledCluster
+
+
+class FlatInputs:
+    """Flattens calls structured like ``in_spec`` when every input is a leaf."""
+
+    def __init__(self, in_spec):
+        self.ok = in_spec is not None and in_spec.num_children == 2
+        if self.ok:
+            args_spec, kwargs_spec = in_spec.children()
+            self.num_args = args_spec.num_children
+            self.keys = list(kwargs_spec.context) if kwargs_spec.num_children else []
+            self.key_set = set(self.keys)
+            self.ok = all(c.is_leaf() for c in args_spec.children()) and all(
+                c.is_leaf() for c in kwargs_spec.children()
+            )
+
+    def __call__(self, args, kwargs) -> list | None:
+        """The flat inputs, or ``None`` when the call is not structured like the example."""
+        if not self.ok or len(args) != self.num_args or kwargs.keys() != self.key_set:
+            return None
+        return [*args, *(kwargs[k] for k in self.keys)]
+
+
+class DirectPlan:
+    def __init__(self, prologue, cluster: CompiledCluster, order, outputs, out_spec):
+        self.prologue = prologue
+        self.cluster = cluster
+        self.order = order  # flat input index for each cluster input
+        self.outputs = outputs  # per flat output: ("cluster", k) | ("input", i) | ("const", v)
+        self.out_spec = out_spec
+
+    def __call__(self, flat: list):
+        if self.prologue is not None:
+            self.prologue(*flat)
+        results = self.cluster(*[flat[i] for i in self.order])
+        values = []
+        for kind, v in self.outputs:
+            values.append(results[v] if kind == "cluster" else flat[v] if kind == "input" else v)
+        return pytree.tree_unflatten(values, self.out_spec)
+
+
+def plan_direct(gm: fx.GraphModule) -> DirectPlan | None:
+    out_spec = getattr(gm, "_out_spec", None)
+    if out_spec is None:
+        return None
+    placeholders: dict[fx.Node, int] = {}
+    prologue, cluster, call = None, None, None
+    items: dict[fx.Node, int] = {}
+    output = None
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            placeholders[n] = len(placeholders)
+        elif n.op == "call_function" and isinstance(n.target, ModelPrologue):
+            if prologue is not None or any(a not in placeholders for a in n.args):
+                return None
+            prologue = n.target
+        elif n.op == "call_function" and isinstance(n.target, CompiledCluster):
+            if cluster is not None or any(a not in placeholders for a in n.args):
+                return None
+            cluster, call = n.target, n
+        elif n.op == "call_function" and n.target is operator.getitem and n.args[0] is call:
+            items[n] = n.args[1]
+        elif n.op == "output":
+            output = n
+        else:
+            return None
+    if cluster is None or output is None:
+        return None
+    if prologue is not None and len(prologue.names) != sum(
+        1 for p in placeholders if isinstance(p.meta.get("val"), torch.Tensor)
+    ):
+        return None
+    flat_out = pytree.tree_leaves(output.args[0])
+    outputs = []
+    for o in flat_out:
+        if isinstance(o, fx.Node):
+            if o in items:
+                outputs.append(("cluster", items[o]))
+            elif o in placeholders:
+                outputs.append(("input", placeholders[o]))
+            else:
+                return None
+        else:
+            outputs.append(("const", o))
+    order = [placeholders[a] for a in call.args]
+    if prologue is not None:
+        tensor_slots = [
+            placeholders[p] for p in placeholders if isinstance(p.meta.get("val"), torch.Tensor)
+        ]
+        if tensor_slots != list(range(len(placeholders))):
+            return None  # the prologue takes every flat input here
+    return DirectPlan(prologue, cluster, order, outputs, out_spec)

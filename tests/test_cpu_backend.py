@@ -1,0 +1,173 @@
+"""The C++ CPU backend itself: generated code, build cache, workspace, threads, math, profile."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import anyshape
+from anyshape.codegen.cpu import build as cpu_build
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, layers=3, width=32):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(layers))
+        self.norm = torch.nn.LayerNorm(width)
+
+    def forward(self, x):
+        for lin in self.layers:
+            x = torch.nn.functional.gelu(lin(self.norm(x))) + x
+        return x.softmax(-1)
+
+
+def _cluster_source(opt) -> str:
+    (cluster,) = opt.report.clusters
+    return cluster.compiled.native.source
+
+
+def test_repeated_layers_emit_each_kernel_once_and_gemm_folds_the_transpose():
+    opt = anyshape.optimize(Mlp().eval(), (torch.randn(4, 32),), backend="cpu")
+    src = _cluster_source(opt)
+    bodies = [ln for ln in src.splitlines() if ln.startswith("static int k_")]
+    calls = src.count("int e = k_")
+    assert len(bodies) < calls, "identical kernels of repeated layers are emitted once"
+    # x @ W.T goes to BLAS with the transpose folded into the call, never copied.
+    assert src.count("as_gemm_batch<float>(CblasNoTrans, CblasTrans") >= 1
+    assert '"%s in transpose"' not in src
+
+
+def test_stream_of_shapes_one_library_no_rebuild_and_workspace_growth():
+    model = Mlp().eval()
+    anyshape.reset_stats()
+    opt = anyshape.optimize(model, (torch.randn(4, 32),), backend="cpu")
+    assert anyshape.stats()["native_libraries"] == 1
+    # grow, shrink, grow again: the per-thread workspace is reused and regrown
+    for rows in [1, 300, 2, 0, 1000, 7, 1000]:
+        x = torch.randn(rows, 32)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-5)
+    assert anyshape.stats()["native_libraries"] == 1
+    assert anyshape.stats()["compilations"] == 1
+
+
+def test_outputs_reach_torch_without_a_copy_and_stay_valid():
+    model = Mlp(layers=1).eval()
+    opt = anyshape.optimize(model, (torch.randn(4, 32),), backend="cpu")
+    first = opt(torch.ones(5, 32))
+    keep = first.clone()
+    for _ in range(3):  # later calls reuse the workspace; returned outputs are not in it
+        opt(torch.randn(50, 32))
+    torch.testing.assert_close(first, keep)
+    assert first.is_contiguous()
+
+
+def test_concurrent_calls_from_threads_match_eager():
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(4, 32),), backend="cpu")
+    failures = []
+
+    def worker(seed):
+        g = torch.Generator().manual_seed(seed)
+        for k in range(20):
+            x = torch.randn(1 + (seed * 7 + k * 13) % 97, 32, generator=g)
+            got, want = opt(x), model(x)
+            if got.shape != want.shape or not torch.allclose(got, want, rtol=1e-4, atol=1e-5):
+                failures.append((seed, k, tuple(x.shape)))
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+def test_corrupt_cache_entry_is_detected_and_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANYSHAPE_CACHE_DIR", str(tmp_path))
+    source = 'extern "C" int anyshape_probe() { return 7; }\n'
+    lib = cpu_build.build_library(source, "probe")
+    good = lib.read_bytes()
+    anyshape.reset_stats()
+    assert cpu_build.build_library(source, "probe") == lib
+    assert anyshape.stats()["native_builds"] == 0  # served from the cache
+    lib.write_bytes(good[: len(good) // 2])  # truncated
+    assert cpu_build.build_library(source, "probe") == lib
+    assert anyshape.stats()["native_builds"] == 1
+    assert lib.read_bytes() == good
+
+
+def test_dump_dir_shows_generated_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANYSHAPE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ANYSHAPE_DUMP_DIR", str(tmp_path / "dump"))
+    anyshape.optimize(Mlp(layers=1).eval(), (torch.randn(4, 32),), backend="cpu")
+    sources = list((tmp_path / "dump").glob("*.cpp"))
+    assert sources and "anyshape_main" in sources[0].read_text()
+
+
+class Unary(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+# Bounds stated in anyshape/codegen/cpu/vmath.h, against float64 references.
+MATH = [
+    ("exp", torch.exp, np.exp, (-87.0, 88.0), "rel", 1.0e-7),
+    ("erf", torch.erf, None, (-6.0, 6.0), "abs", 5.0e-7),
+    ("tanh", torch.tanh, np.tanh, (-10.0, 10.0), "rel", 4.0e-7),
+    ("sigmoid", torch.sigmoid, None, (-30.0, 30.0), "rel", 3.0e-7),
+]
+
+
+@pytest.mark.parametrize("name,fn,ref,span,kind,bound", MATH, ids=[m[0] for m in MATH])
+def test_vectorized_math_accuracy(name, fn, ref, span, kind, bound):
+    opt = anyshape.optimize(Unary(fn).eval(), (torch.randn(16),), backend="cpu")
+    x = torch.linspace(*span, 200_003, dtype=torch.float32)
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3e-4, -3e-4])])
+    got = opt(x).double()
+    want = fn(x.double())
+    err = (got - want).abs()
+    if kind == "rel":
+        err = err / want.abs().clamp_min(torch.finfo(torch.float32).tiny)
+    assert float(err.max()) <= bound, f"{name}: max {kind} error {float(err.max()):.3g}"
+    special = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    torch.testing.assert_close(opt(special), fn(special), equal_nan=True)
+
+
+def test_reductions_propagate_nan_like_torch():
+    class Reds(torch.nn.Module):
+        def forward(self, x):
+            return x.amax(-1), x.amin(-1), x.sum(-1)
+
+    model = Reds().eval()
+    opt = anyshape.optimize(model, (torch.randn(3, 40),), backend="cpu")
+    x = torch.randn(4, 37)
+    x[1, 5] = float("nan")
+    x[2, 36] = float("inf")
+    for got, want in zip(opt(x), model(x)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_profile_reports_every_kernel_call_site():
+    opt = anyshape.optimize(Mlp().eval(), (torch.randn(4, 32),), backend="cpu", profile=True)
+    opt.profile()  # reset
+    for _ in range(3):
+        opt(torch.randn(64, 32))
+    report = opt.profile()
+    assert report.total_seconds > 0
+    assert "dot" in report.by_op()
+    assert all(s.calls == 3 for s in report.sites)
+    assert "top call sites" in str(report)
+    assert opt.profile().total_seconds == 0  # read resets
+
+
+def test_kernel_error_is_an_exception_not_a_crash():
+    emb = torch.nn.Embedding(10, 4)
+    opt = anyshape.optimize(Unary(emb).eval(), (torch.tensor([[1, 2]]),), backend="cpu")
+    with pytest.raises(RuntimeError, match="index is out of range"):
+        opt(torch.tensor([[3, 12]]))
+    torch.testing.assert_close(opt(torch.tensor([[3, 9]])), emb(torch.tensor([[3, 9]])))
