@@ -46,6 +46,14 @@ def parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--seed", type=int, default=0, help="weights and request shapes")
     bench.add_argument(
+        "--shapes",
+        action="append",
+        default=[],
+        metavar="KIND=LO-HI,...",
+        help="request-shape ranges per kind, e.g. text=1-8,8-256 (batch, sequence) or "
+        "image=1-4,160-224 (batch, pixels); repeatable",
+    )
+    bench.add_argument(
         "--anyshape-backend", choices=["cpu", "interpreter"], default="cpu", help="default cpu"
     )
     bench.add_argument(
@@ -78,6 +86,18 @@ def _import_benchmarks():
     return backends, report, runner, workloads
 
 
+def _shape_ranges(text: str) -> tuple[str, list[tuple[int, int]]]:
+    """``text=1-8,8-256`` -> ("text", [(1, 8), (8, 256)])."""
+    kind, sep, spec = text.partition("=")
+    try:
+        pairs = [tuple(int(v) for v in part.split("-")) for part in spec.split(",")]
+    except ValueError:
+        pairs = []
+    if not sep or not pairs or any(len(p) != 2 or not 0 < p[0] <= p[1] for p in pairs):
+        raise ValueError(f"--shapes {text!r}: expected KIND=LO-HI,LO-HI with 0 < LO <= HI")
+    return kind, pairs
+
+
 def _check(ap: argparse.ArgumentParser, kind: str, chosen: list[str], known) -> None:
     unknown = [n for n in chosen if n not in known]
     if unknown:
@@ -98,6 +118,13 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
     requests = args.requests or (QUICK_REQUESTS if args.quick else FULL_REQUESTS)
     if requests < 2:
         ap.error("--requests must be at least 2 (the first call compiles)")
+    try:
+        ranges = {kind: r for kind, r in map(_shape_ranges, args.shapes)}
+    except ValueError as e:
+        ap.error(str(e))
+    unknown_kinds = set(ranges) - set(workloads.FULL_RANGES)
+    if unknown_kinds:
+        ap.error(f"--shapes: unknown kind(s) {sorted(unknown_kinds)}; one of text, image, rows")
     settings = runner.Settings(
         workloads=chosen_workloads,
         backends=["eager", *[b for b in chosen_backends if b != "eager"]],
@@ -108,6 +135,7 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
         fresh_caches=args.fresh_caches,
         threads=args.threads,
         progress=not args.no_progress,
+        ranges=ranges,
     )
     t0 = time.perf_counter()
     results = runner.run(settings, command)

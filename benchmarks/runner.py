@@ -46,6 +46,7 @@ class Settings:
     threads: int | None = None  # torch (and so Inductor, anyshape, ONNX Runtime) threads
     probe: bool = True
     progress: bool = True
+    ranges: dict = field(default_factory=dict)  # kind -> [(lo, hi) per dim]: overrides
 
 
 @dataclass
@@ -144,7 +145,9 @@ def run_workload(name: str, settings: Settings, bar) -> dict:
     """Every selected backend over one workload's stream; the workload's section of the results."""
     spec = workloads.WORKLOADS[name]
     built = workloads.build(name, settings.quick, settings.seed)
-    shapes = workloads.stream(spec.kind, settings.requests, settings.seed, settings.quick)
+    shapes = workloads.stream(
+        spec.kind, settings.requests, settings.seed, settings.quick, settings.ranges.get(spec.kind)
+    )
     example = built.inputs(built.example)
     table = backends(settings.anyshape_backend)
     eager = Track(table["eager"])

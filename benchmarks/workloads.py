@@ -295,9 +295,12 @@ def build(name: str, quick: bool, seed: int) -> Built:
     return built
 
 
-def stream(kind: str, n: int, seed: int, quick: bool) -> list[tuple[int, ...]]:
-    """``n`` seeded request shapes of ``kind``."""
-    ranges = (QUICK_RANGES if quick else FULL_RANGES)[kind]
+def stream(kind: str, n: int, seed: int, quick: bool, ranges=None) -> list[tuple[int, ...]]:
+    """``n`` seeded request shapes of ``kind`` (within ``ranges`` when given)."""
+    default = (QUICK_RANGES if quick else FULL_RANGES)[kind]
+    if ranges is not None and len(ranges) != len(default):
+        raise ValueError(f"{kind} shapes have {len(default)} dims, got ranges {ranges}")
+    ranges = ranges or default
     rng = random.Random(seed)
     return [tuple(rng.randint(lo, hi) for lo, hi in ranges) for _ in range(n)]
 

@@ -23,6 +23,7 @@ def test_cli_module_imports_without_torch():
 def test_bench_writes_results_for_a_micrograph(tmp_path):
     argv = ["bench", "--quick", "--workloads", "layernorm", "--backends", "eager,anyshape"]
     argv += ["--anyshape-backend", "interpreter", "--requests", "3", "--no-progress"]
+    argv += ["--shapes", "rows=5-9"]
     assert cli.main([*argv, "--out", str(tmp_path)]) == 0
 
     for name in ["results.json", "results.md", "latency.png", "total_time.png"]:
@@ -33,6 +34,7 @@ def test_bench_writes_results_for_a_micrograph(tmp_path):
     assert results["probes"]["copy"]["gb_per_s"] > 0
     section = results["workloads"]["layernorm"]
     assert len(section["shapes"]) == 3 and all(s > 0 for s in section["sizes"])
+    assert all(5 <= shape[0] <= 9 for shape in section["shapes"])  # --shapes rows=5-9
     by_backend = {r["backend"]: r for r in section["results"]}
     assert set(by_backend) == {"eager", "anyshape"}
     for r in by_backend.values():
@@ -71,3 +73,18 @@ def test_a_failing_backend_is_reported_not_raised(monkeypatch):
     assert failed["backend"] == "broken" and failed["total_s"] is None
     assert "RuntimeError: cannot compile this" in failed["error"]
     assert "**failed** [1]" in report.table(results)
+
+
+def test_bad_shape_ranges_are_rejected_with_the_reason(capsys):
+    for bad, why in [
+        ("text=8-1,8-16", "0 < LO <= HI"),
+        ("rows", "KIND=LO-HI"),
+        ("audio=1-2", "unknown kind"),
+    ]:
+        try:
+            cli.main(["bench", "--shapes", bad, "--no-progress"])
+        except SystemExit as e:
+            assert e.code == 2
+        else:
+            raise AssertionError(f"--shapes {bad} accepted")
+        assert why in capsys.readouterr().err

@@ -171,3 +171,23 @@ def test_kernel_error_is_an_exception_not_a_crash():
     with pytest.raises(RuntimeError, match="index is out of range"):
         opt(torch.tensor([[3, 12]]))
     torch.testing.assert_close(opt(torch.tensor([[3, 9]])), emb(torch.tensor([[3, 9]])))
+
+
+CONVS = [  # cin, cout, kernel, stride, padding, dilation, groups, example shape
+    (3, 8, 7, 2, 3, 1, 1, (2, 3, 31, 29)),  # ResNet stem: im2col + GEMM
+    (8, 8, 3, 1, 1, 1, 2, (1, 8, 9, 10)),  # grouped
+    (4, 6, 1, 1, 0, 1, 1, (2, 4, 5, 7)),  # 1x1: the input is the GEMM operand
+    (4, 6, 1, 2, 0, 1, 1, (2, 4, 5, 7)),  # strided 1x1
+    (4, 4, 3, 2, 2, 2, 4, (1, 4, 12, 11)),  # depthwise, dilated
+]
+
+
+@pytest.mark.parametrize("cin,cout,k,s,p,d,g,shape", CONVS)
+def test_convolution_through_gemm_at_any_size(cin, cout, k, s, p, d, g, shape):
+    model = torch.nn.Conv2d(cin, cout, k, s, p, d, g).eval()
+    opt = anyshape.optimize(model, (torch.randn(*shape),), backend="cpu")
+    n, c, h, w = shape
+    for size in [shape, (n + 1, c, h + 3, w + 1), (1, c, k * d + 1, k * d)]:
+        x = torch.randn(*size)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+    assert "as_gemm_batch<float>(CblasNoTrans, CblasNoTrans" in _cluster_source(opt)

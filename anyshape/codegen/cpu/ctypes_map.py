@@ -55,7 +55,7 @@ def literal(value, dt: DType) -> str:
     v = float(value)
     ct = compute_type(dt)
     if math.isnan(v):
-        return f"(({ct})__builtin_nan(\"\"))"
+        return f'(({ct})__builtin_nan(""))'
     if math.isinf(v):
         return f"(({ct})({'-' if v < 0 else ''}__builtin_inf()))"
     return f"(({ct}){v.hex()})"

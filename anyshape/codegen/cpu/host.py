@@ -190,8 +190,7 @@ def _workspace(plan: MemoryPlan) -> list[str]:
     for k, members in enumerate(plan.slots):
         sizes = [c_int(plan.bytes[b]) for b in members]
         lines.append(
-            f"ws_offset[{k + 1}] = ws_offset[{k}] + "
-            f"as_round64({_fold('as_max64', sizes)});"
+            f"ws_offset[{k + 1}] = ws_offset[{k}] + as_round64({_fold('as_max64', sizes)});"
         )
     lines.append(f"char* ws = (char*)as_workspace(ws_offset[{n}]);")
     lines.append(

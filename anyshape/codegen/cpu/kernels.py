@@ -317,7 +317,10 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
             f"for (int64_t c = 0; c < {cg}; ++c) {{",
         ]
     else:
-        inner += [f"double acc = {'-__builtin_inf()' if kind == 'max' else '0'}; int64_t cnt = 0;", "{"]
+        inner += [
+            f"double acc = {'-__builtin_inf()' if kind == 'max' else '0'}; int64_t cnt = 0;",
+            "{",
+        ]
     for s in range(nsp):
         inner.append(f"for (int64_t k{s} = 0; k{s} < {kernel[s]}; ++k{s}) {{")
         pos = f"{out_names[lead + s]} * {stride[s]} - {pad[s]} + k{s} * {dil[s]}"
@@ -350,6 +353,78 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     return lines
 
 
+def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
+    """Float convolution as im2col + one BLAS GEMM per (batch entry, group).
+
+    A 1x1 convolution with unit stride and no padding reads its input as the GEMM
+    operand directly; otherwise the columns go to a per-thread scratch buffer.
+    """
+    x, w = root.inputs
+    if root.dtype not in (DType.f32, DType.f64):
+        return _emit_window(scope, root)
+    t = c_type(root.dtype)
+    nsp = len(root.attr("padding"))
+    kernel = [int(k) for k in w.shape[2:]]
+    stride, pad, dil = root.attr("stride"), root.attr("padding"), root.attr("dilation")
+    g = root.attr("groups")
+    og, cg = w.shape[0] // g, w.shape[1]
+    ksize = int(_product(kernel))
+    rows = cg * ksize
+    px, pw, po = scope.ptr(x), scope.ptr(w), scope.ptr(root)
+    N = scope.dim(x.shape[0])
+    C = scope.dim(x.shape[1])
+    ins = [scope.dim(d) for d in x.shape[2:]]
+    outs = [scope.dim(d) for d in root.shape[2:]]
+    P = scope.dim(_product(root.shape[2:]))
+    Q = scope.dim(_product(x.shape[2:]))
+    direct = ksize == 1 and all(v == 1 for v in stride) and not any(pad)
+    lines = [f"if ({N} == 0 || {P} == 0) return 0;"]
+    if not direct:
+        lines.append(f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {rows} * {P});")
+        lines.append("if (!col) return 3;")
+    lines.append(f"for (int64_t n = 0; n < {N}; ++n) for (int64_t g = 0; g < {g}; ++g) {{")
+    lines.append(f"  const {t}* xg = (const {t}*){px} + (n * {C} + g * {cg}) * {Q};")
+    if direct:
+        lines.append("  const " + t + "* B = xg;")
+    else:
+        lines.append(f"  #pragma omp parallel for schedule(static) if({rows} * {P} > 32768)")
+        lines.append(f"  for (int64_t r = 0; r < {rows}; ++r) {{")
+        lines.append(f"    int64_t rem = r % {ksize};")
+        lines.append(f"    const {t}* xc = xg + (r / {ksize}) * {Q};")
+        for sdim in range(nsp - 1, -1, -1):
+            lines.append(
+                f"    const int64_t k{sdim} = rem % {kernel[sdim]}; rem /= {kernel[sdim]};"
+            )
+        lines.append(f"    {t}* dst = col + r * {P};")
+        for sdim in range(nsp):
+            lines.append(
+                f"    for (int64_t o{sdim} = 0; o{sdim} < {outs[sdim]}; ++o{sdim}) {{"
+                f" const int64_t y{sdim} = o{sdim} * {stride[sdim]} - {pad[sdim]} + "
+                f"k{sdim} * {dil[sdim]}; const bool in{sdim} = y{sdim} >= 0 && "
+                f"y{sdim} < {ins[sdim]};"
+            )
+        flat_out = " + ".join(
+            f"o{sdim}" + "".join(f" * {outs[j]}" for j in range(sdim + 1, nsp))
+            for sdim in range(nsp)
+        )
+        flat_in = " + ".join(
+            f"y{sdim}" + "".join(f" * {ins[j]}" for j in range(sdim + 1, nsp))
+            for sdim in range(nsp)
+        )
+        inside = " && ".join(f"in{sdim}" for sdim in range(nsp))
+        lines.append(f"      dst[{flat_out}] = ({inside}) ? xc[{flat_in}] : ({t})0;")
+        lines.append("    " + "}" * nsp)
+        lines.append("  }")
+        lines.append("  const " + t + "* B = col;")
+    lines.append(
+        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {og}, {P}, {rows}, "
+        f"(const {t}*){pw} + g * {og * rows}, {rows}, B, {P}, "
+        f"({t}*){po} + (n * {w.shape[0]} + g * {og}) * {P}, 1);"
+    )
+    lines.append("}")
+    return lines
+
+
 def _flat_load(scope: KernelScope, node: Node, ptr: str, idx) -> str:
     terms = []
     for k, i in enumerate(idx):
@@ -363,7 +438,7 @@ EMITTERS = {
     "argreduce": _emit_argreduce,
     "cumulative": _emit_cumulative,
     "dot": _emit_dot,
-    "convolution": _emit_window,
+    "convolution": _emit_conv,
     "pool": _emit_window,
 }
 

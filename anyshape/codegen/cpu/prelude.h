@@ -51,6 +51,18 @@ static void* as_workspace(int64_t bytes) {
   return arena.data;
 }
 
+// Per-thread scratch for kernels that need temporary memory (convolution columns).
+static void* as_scratch(int64_t bytes) {
+  static thread_local AsArena arena;
+  if (bytes > arena.size) {
+    free(arena.data);
+    arena.size = as_round64(bytes);
+    arena.data = aligned_alloc(64, (size_t)arena.size);
+    if (!arena.data) arena.size = 0;
+  }
+  return arena.data;
+}
+
 template <class T> static inline bool as_isnan(T x) {
   if constexpr (as_is_float<T>::value) return x != x; else return false;
 }
@@ -105,7 +117,8 @@ static inline int64_t as_mod(int64_t a, int64_t b) {
 }
 static const char* as_kernel_error(int code) {
   return code == 1 ? "an index is out of range (gather/embedding/index)"
-       : code == 2 ? "integer division by zero" : "kernel error";
+       : code == 2 ? "integer division by zero"
+       : code == 3 ? "out of memory for kernel scratch space" : "kernel error";
 }
 
 // Row-major C[b] = op(A[b]) @ op(B[b]) over a packed batch. One big GEMM per batch entry

@@ -3,10 +3,12 @@
 Sits first in the CPU codegen. A value is *materialized* (gets a buffer) when it
 is a graph input, weight or output, the result of a root op (reduction, scan,
 GEMM, convolution, pooling), an operand a library call needs in memory, or
-used by several kernels and not cheap to recompute. A reshape that must be in
-memory (a GEMM operand) aliases its source's buffer instead of copying it. Every
-other value is
-computed inside the loop nest of the kernel that consumes it (loop fusion of
+used by several consumers and not cheap to recompute (a cheap value — a few
+elementwise ops over values in memory — is recomputed by each elementwise
+consumer instead: a GEMM's bias add feeding both uses inside GELU becomes part
+of the GELU pass). A reshape that must be in memory (a GEMM operand) aliases
+its source's buffer instead of copying it. Every other value is computed
+inside the loop nest of the kernel that consumes it (loop fusion of
 elementwise, broadcast and view chains; input fusion into reductions).
 
 The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
@@ -22,6 +24,12 @@ ROOT_OPS = {"reduce", "argreduce", "cumulative", "dot", "convolution", "pool"}
 SOURCE_OPS = {"input", "param"}
 CHEAP_OPS = {"constant", "iota", "shape_scalar"}
 INDEX_OPS = {"broadcast_in_dim", "transpose", "slice", "reshape"}
+# Recomputing a value in each consumer is fine up to this much work (ops, transcendentals x8).
+RECOMPUTE_BUDGET = 4
+EXPENSIVE_OPS = {
+    op: 8 for op in ("exp", "log", "erf", "tanh", "sigmoid", "pow", "sin", "cos", "log1p", "expm1")
+}
+NOT_RECOMPUTED = {"gather", "take_along_axis", "pad", "concatenate"}
 # Operands these ops read from memory (a library call or a window walk).
 MEMORY_OPERANDS = {"dot": (0, 1), "convolution": (0, 1), "pool": (0,)}
 
@@ -84,9 +92,31 @@ def plan_schedule(graph: Graph) -> Schedule:
                 sched.transposed_operands[id(src)] = src.inputs[0]
             else:
                 need_memory(src)
+    consumers: dict[int, list[Node]] = {}
     for n in nodes:
-        if id(n) not in mat and users.get(id(n), 0) > 1 and not recomputable(n):
-            mat.add(id(n))
+        for i in n.inputs:
+            consumers.setdefault(id(i), []).append(n)
+    cost: dict[int, int] = {}
+
+    def fused_cost(n: Node) -> int:
+        """Work to recompute ``n`` from what is in memory (capped), for the cheap test."""
+        if id(n) in mat or n.op in CHEAP_OPS:
+            return 0
+        if id(n) not in cost:
+            own = EXPENSIVE_OPS.get(n.op, 1)
+            cost[id(n)] = min(own + sum(fused_cost(i) for i in n.inputs), 1 << 20)
+        return cost[id(n)]
+
+    for n in nodes:
+        if id(n) in mat or users.get(id(n), 0) <= 1 or recomputable(n):
+            continue
+        # Several elementwise consumers of a cheap value recompute it (a bias add feeding
+        # GELU's two uses fuses into one pass); anything else is computed once in memory.
+        cheap = fused_cost(n) <= RECOMPUTE_BUDGET and n.op not in NOT_RECOMPUTED
+        if cheap and all(c.op not in ROOT_OPS for c in consumers[id(n)]):
+            continue
+        mat.add(id(n))
+        cost.clear()
     sched._mat = mat
     sched.materialized = [n for n in nodes if id(n) in mat]
     sched.kernels = [
