@@ -191,3 +191,28 @@ def test_convolution_through_gemm_at_any_size(cin, cout, k, s, p, d, g, shape):
         x = torch.randn(*size)
         torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
     assert "as_gemm_batch<float>(CblasNoTrans, CblasNoTrans" in _cluster_source(opt)
+
+
+class Head(torch.nn.Module):
+    """GPT-2's tail: gelu_new (a cube via pow) and logits reshaped to [batch, seq, vocab]."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 40)
+
+    def forward(self, x):
+        h = 0.5 * x * (1.0 + torch.tanh(0.79788456 * (x + 0.044715 * torch.pow(x, 3.0))))
+        logits = self.proj(h.reshape(-1, 16))
+        return logits.reshape(x.shape[0], x.shape[1], 40), logits.sum()
+
+
+def test_output_reshape_hands_out_the_gemm_buffer_and_constant_pow_is_a_product():
+    model = Head().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 16),), backend="cpu")
+    src = _cluster_source(opt)
+    assert '"%s in reshape"' not in src  # no copy kernel for the output reshape
+    assert "as_pow" not in src.split("static int k_", 1)[1]  # x ** 3 multiplies
+    for shape in [(1, 2, 16), (3, 7, 16), (2, 0, 16)]:
+        x = torch.randn(*shape)
+        for got, want in zip(opt(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

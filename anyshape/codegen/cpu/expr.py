@@ -154,6 +154,10 @@ class KernelScope:
             return f"({x} != 0)" if n.dtype.is_bool else f"(({t})({x}))"
         if op in UNARY:
             return UNARY[op].format(self.value(n.inputs[0], idx), t=t)
+        if op == "pow" and n.dtype.is_float:
+            k = _constant_of(n.inputs[1])
+            if k is not None and float(k) in _POW_BY_PRODUCT:
+                return _POW_BY_PRODUCT[float(k)](self.value(n.inputs[0], idx), t)
         if op in BINARY:
             a, b = (self.value(i, idx) for i in n.inputs)
             table = BOOL_LOGIC if n.inputs[0].dtype.is_bool and op in BOOL_LOGIC else BINARY
@@ -277,6 +281,25 @@ class KernelScope:
         src = list(idx)
         src[a] = j
         return self.value(x, tuple(src))
+
+
+# x ** k for constant k as products (vectorizes; libm pow does not).
+_POW_BY_PRODUCT = {
+    1.0: lambda x, t: f"({x})",
+    2.0: lambda x, t: f"({x} * {x})",
+    3.0: lambda x, t: f"({x} * {x} * {x})",
+    4.0: lambda x, t: f"(({x} * {x}) * ({x} * {x}))",
+    -1.0: lambda x, t: f"(({t})1 / {x})",
+}
+
+
+def _constant_of(node: Node):
+    """The value of a scalar constant, seen through broadcasts and converts; else None."""
+    while node.op in ("broadcast_in_dim", "convert", "reshape"):
+        node = node.inputs[0]
+    if node.op == "constant" and node.rank == 0:
+        return node.attr("value")
+    return None
 
 
 def _reshape_groups(out_shape, in_shape) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:

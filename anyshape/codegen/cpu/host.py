@@ -118,7 +118,7 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         'extern "C" int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* out,',
         "                             const int64_t* extra, char* err, int64_t errlen) {",
     ]
-    body = _prologue(binder, extra_symbols)
+    body = ["as_enter_threads();", *_prologue(binder, extra_symbols)]
     input_index = {id(n): i for i, n in enumerate(graph.inputs)}
     params = [n for n in sched.materialized if n.op == "param"]
     param_index = {id(n): i for i, n in enumerate(params)}
@@ -131,7 +131,7 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         if o not in out_nodes:
             out_nodes.append(o)
         slots.append(out_nodes.index(o))
-    returned = {buffer_of[id(o)] for o in out_nodes}
+    returned = {buffer_of[id(sched.aliases.get(id(o), o))] for o in out_nodes}
     plan = plan_memory(sched, buffer_of, kernels, returned)
     body += _workspace(plan)
     owned = []  # returned buffers: malloc'd here, freed by the caller

@@ -163,7 +163,15 @@ static void as_blas_threads(int sync, openblas_dojob_callback dojob, int numjobs
     dojob(i, (char*)jobdata + (size_t)i * jobdata_elsize, dojob_data);
 }
 
+// Threads per call. OpenMP's thread count is per calling thread, so every call sets it
+// for the thread it runs on (a Python thread other than the loader's would get the default).
+static int as_threads = 0;
+static inline void as_enter_threads() {
+  if (as_threads > 0 && omp_get_max_threads() != as_threads) omp_set_num_threads(as_threads);
+}
+
 extern "C" void anyshape_init(int num_threads) {
+  as_threads = num_threads;
   if (num_threads > 0) omp_set_num_threads(num_threads);
   scipy_openblas_set_threads_callback_function(as_blas_threads);
   scipy_openblas_set_num_threads(num_threads > 0 ? num_threads : omp_get_max_threads());

@@ -29,6 +29,7 @@ RECOMPUTE_BUDGET = 4
 EXPENSIVE_OPS = {
     op: 8 for op in ("exp", "log", "erf", "tanh", "sigmoid", "pow", "sin", "cos", "log1p", "expm1")
 }
+LIBRARY_OPS = {"dot", "convolution", "pool", "cumulative"}  # read operands from memory or twice
 NOT_RECOMPUTED = {"gather", "take_along_axis", "pad", "concatenate"}
 # Operands these ops read from memory (a library call or a window walk).
 MEMORY_OPERANDS = {"dot": (0, 1), "convolution": (0, 1), "pool": (0,)}
@@ -84,6 +85,25 @@ def plan_schedule(graph: Graph) -> Schedule:
             sched.aliases[id(x)] = root
         mat.add(id(x))
 
+    # An output that reshapes a computed value hands out that value's buffer (no copy),
+    # unless the value is an input/weight, an output itself, or another output's buffer.
+    claimed: set[int] = set()
+    for o in graph.outputs:
+        src = o
+        while src.op == "reshape" and id(src.inputs[0]) not in outputs:
+            src = src.inputs[0]
+        if src is o or src.op in SOURCE_OPS or src.op in INDEX_OPS or id(src) in claimed:
+            continue
+        if src.op not in ROOT_OPS and users.get(id(src), 0) <= 1:
+            continue  # a fused value: the output kernel computes it in place
+        claimed.add(id(src))
+        mat.add(id(src))
+        x = o
+        while x is not src:
+            sched.aliases[id(x)] = src
+            mat.add(id(x))
+            x = x.inputs[0]
+
     for n in nodes:
         for k in MEMORY_OPERANDS.get(n.op, ()):
             src = n.inputs[k]
@@ -113,7 +133,7 @@ def plan_schedule(graph: Graph) -> Schedule:
         # Several elementwise consumers of a cheap value recompute it (a bias add feeding
         # GELU's two uses fuses into one pass); anything else is computed once in memory.
         cheap = fused_cost(n) <= RECOMPUTE_BUDGET and n.op not in NOT_RECOMPUTED
-        if cheap and all(c.op not in ROOT_OPS for c in consumers[id(n)]):
+        if cheap and all(c.op not in LIBRARY_OPS for c in consumers[id(n)]):
             continue
         mat.add(id(n))
         cost.clear()
