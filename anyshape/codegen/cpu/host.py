@@ -115,7 +115,10 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         f"  for (int k = 0; k < {len(kernels)}; ++k) {{ seconds[k] = as_prof_seconds[k]; "
         "calls[k] = as_prof_calls[k]; as_prof_seconds[k] = 0; as_prof_calls[k] = 0; }",
         "}",
-        'extern "C" int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* out,',
+        # Straight-line calls: optimizing this function bought nothing and cost two thirds
+        # of the build time of a 12-layer model (3.3 s -> 1.1 s); the kernels stay at -O3.
+        'extern "C" __attribute__((optimize("O0")))',
+        'int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* out,',
         "                             const int64_t* extra, char* err, int64_t errlen) {",
     ]
     body = ["as_enter_threads();", *_prologue(binder, extra_symbols)]

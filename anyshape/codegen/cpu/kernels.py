@@ -29,6 +29,7 @@ from .expr import KernelScope, _product
 from .schedule import Schedule
 
 PARALLEL_WORK = 32768  # elements below which a kernel stays single-threaded
+BLOCK = 4096  # elements per parallel block of a 1-D loop
 
 
 @dataclass
@@ -44,24 +45,37 @@ def _loop_vars(rank: int, prefix: str = "i") -> list[str]:
 
 
 def _nest_open(scope: KernelScope, shape, names, work: str, lines: list[str]) -> None:
-    """Open loops over ``shape``: outer dims flattened into one parallel loop."""
+    """Open loops over ``shape``: the outer dims as one collapsed parallel loop nest.
+
+    OpenMP's ``collapse`` splits the outer iterations over threads and steps the
+    indices incrementally (no divide/modulo per row, which dominated short rows
+    such as a CNN's [N, C, H, W] maps). A 1-D nest is split into blocks so it
+    can run in parallel too. The innermost loop is left to the vectorizer.
+    """
     r = len(shape)
     if r == 0:
         return
-    outer = _product(shape[:-1])
-    lines.append(f"#pragma omp parallel for schedule(static) if(({work}) > {PARALLEL_WORK})")
-    lines.append(f"for (int64_t o = 0; o < {scope.dim(outer)}; ++o) {{")
-    if r > 1:
-        lines.append("  int64_t rem = o;")
-        for k in range(r - 2, -1, -1):
-            if k == 0:
-                lines.append(f"  const int64_t {names[0]} = rem;")
-            else:
-                lines.append(f"  const int64_t {names[k]} = rem % {scope.dim(shape[k])};")
-                lines.append(f"  rem /= {scope.dim(shape[k])};")
+    par = f"schedule(static) if(({work}) > {PARALLEL_WORK})"
+    last = names[-1]
+    if r == 1:
+        n = scope.dim(shape[0])
+        lines.append(f"#pragma omp parallel for {par}")
+        lines.append(f"for (int64_t ob = 0; ob < ({n} + {BLOCK - 1}) / {BLOCK}; ++ob) {{")
+        lines.append(
+            f"  for (int64_t {last} = ob * {BLOCK}; {last} < as_min64({n}, (ob + 1) * {BLOCK}); "
+            f"++{last}) {{"
+        )
+        return
+    collapse = f"collapse({r - 1}) " if r > 2 else ""
+    lines.append(f"#pragma omp parallel for {collapse}{par}")
     lines.append(
-        f"  for (int64_t {names[-1]} = 0; {names[-1]} < {scope.dim(shape[-1])}; ++{names[-1]}) {{"
+        " ".join(
+            f"for (int64_t {names[k]} = 0; {names[k]} < {scope.dim(shape[k])}; ++{names[k]})"
+            for k in range(r - 1)
+        )
+        + " {"
     )
+    lines.append(f"  for (int64_t {last} = 0; {last} < {scope.dim(shape[-1])}; ++{last}) {{")
 
 
 def _nest_close(rank: int, lines: list[str]) -> None:
