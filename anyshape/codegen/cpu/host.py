@@ -118,7 +118,7 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         # Straight-line calls: optimizing this function bought nothing and cost two thirds
         # of the build time of a 12-layer model (3.3 s -> 1.1 s); the kernels stay at -O3.
         'extern "C" __attribute__((optimize("O0")))',
-        'int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* out,',
+        "int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* out,",
         "                             const int64_t* extra, char* err, int64_t errlen) {",
     ]
     body = ["as_enter_threads();", *_prologue(binder, extra_symbols)]
