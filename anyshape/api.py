@@ -47,14 +47,10 @@ class OptimizedModule(torch.nn.Module):
         self._in_spec = getattr(graph_module, "_in_spec", None)
         self._flat_inputs = FlatInputs(self._in_spec)
         self._direct = plan_direct(graph_module)
-        self._all_tensors = all(isinstance(e, torch.Tensor) for e in self._examples)
 
     def forward(self, *args, **kwargs):
-        flat = self._flat_inputs(args, kwargs)
-        if flat is not None and self._direct is not None and self._all_tensors:
-            for name, leaf in zip(self._names, flat):
-                if not isinstance(leaf, torch.Tensor):
-                    raise InputError(f"input {name!r} must be a tensor, got {type(leaf).__name__}")
+        flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
+        if flat is not None:
             return self._direct(flat)
         self._check_structure(args, kwargs)
         return self.graph_module(*args, **kwargs)

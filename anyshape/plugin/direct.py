@@ -44,6 +44,8 @@ class FlatInputs:
 
 
 class DirectPlan:
+    """Prologue (checks every input, tensors included) -> cluster -> output structure."""
+
     def __init__(self, prologue, cluster: CompiledCluster, order, outputs, out_spec):
         self.prologue = prologue
         self.cluster = cluster
@@ -52,8 +54,7 @@ class DirectPlan:
         self.out_spec = out_spec
 
     def __call__(self, flat: list):
-        if self.prologue is not None:
-            self.prologue(*flat)
+        self.prologue(*flat)
         results = self.cluster(*[flat[i] for i in self.order])
         values = []
         for kind, v in self.outputs:
@@ -71,10 +72,12 @@ def plan_direct(gm: fx.GraphModule) -> DirectPlan | None:
     output = None
     for n in gm.graph.nodes:
         if n.op == "placeholder":
+            if not isinstance(n.meta.get("val"), torch.Tensor):
+                return None  # a constant input: the checked general path compares it
             placeholders[n] = len(placeholders)
         elif n.op == "call_function" and isinstance(n.target, ModelPrologue):
-            if prologue is not None or any(a not in placeholders for a in n.args):
-                return None
+            if prologue is not None or list(n.args) != list(placeholders):
+                return None  # the prologue must check every input, in order
             prologue = n.target
         elif n.op == "call_function" and isinstance(n.target, CompiledCluster):
             if cluster is not None or any(a not in placeholders for a in n.args):
@@ -86,11 +89,7 @@ def plan_direct(gm: fx.GraphModule) -> DirectPlan | None:
             output = n
         else:
             return None
-    if cluster is None or output is None:
-        return None
-    if prologue is not None and len(prologue.names) != sum(
-        1 for p in placeholders if isinstance(p.meta.get("val"), torch.Tensor)
-    ):
+    if prologue is None or cluster is None or output is None:
         return None
     flat_out = pytree.tree_leaves(output.args[0])
     outputs = []
@@ -105,10 +104,4 @@ def plan_direct(gm: fx.GraphModule) -> DirectPlan | None:
         else:
             outputs.append(("const", o))
     order = [placeholders[a] for a in call.args]
-    if prologue is not None:
-        tensor_slots = [
-            placeholders[p] for p in placeholders if isinstance(p.meta.get("val"), torch.Tensor)
-        ]
-        if tensor_slots != list(range(len(placeholders))):
-            return None  # the prologue takes every flat input here
     return DirectPlan(prologue, cluster, order, outputs, out_spec)

@@ -26,7 +26,8 @@ import numpy as np
 def fastcall():
     if os.environ.get("ANYSHAPE_FASTCALL", "1") in ("0", "false", "no", "off"):
         return None
-    from ..codegen.cpu.build import AnyshapeError, build_cached
+    from ..codegen.cpu.build import build_cached
+    from ..errors import AnyshapeError
 
     source = resources.files(__package__).joinpath("fastcall.c").read_text()
     flags = [

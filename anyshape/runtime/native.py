@@ -87,10 +87,9 @@ class NativeGraph:
             _describe(self.param_desc[k], p)
         self._fast = fastcall() if inputs is not None else None
         if self._fast is not None:
-            addr = ctypes.cast
             self._fast_args = (
-                addr(self.main, ctypes.c_void_p).value,
-                addr(self.free, ctypes.c_void_p).value,
+                ctypes.cast(self.main, ctypes.c_void_p).value,
+                ctypes.cast(self.free, ctypes.c_void_p).value,
                 ctypes.addressof(self.param_desc),
             )
             self._in_types = tuple(dt.to_numpy().num for _, dt in inputs)

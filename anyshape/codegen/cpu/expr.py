@@ -310,6 +310,7 @@ def _reshape_groups(out_shape, in_shape) -> list[tuple[tuple[int, ...], tuple[in
     group before them. When products cannot be matched symbolically, everything
     is one group (a flat index).
     """
+    flat = [(tuple(range(len(out_shape))), tuple(range(len(in_shape))))]
     groups: list[tuple[list[int], list[int]]] = []
     i = j = 0
     while i < len(out_shape) and j < len(in_shape):
@@ -331,13 +332,12 @@ def _reshape_groups(out_shape, in_shape) -> list[tuple[tuple[int, ...], tuple[in
             else:
                 break
         if po != pi:
-            return [(tuple(range(len(out_shape))), tuple(range(len(in_shape))))]
+            return flat
         groups.append((oi, ij))
     rest_out, rest_in = list(range(i, len(out_shape))), list(range(j, len(in_shape)))
-    if any(out_shape[d] != 1 for d in rest_out) or any(in_shape[d] != 1 for d in rest_in):
-        return [(tuple(range(len(out_shape))), tuple(range(len(in_shape))))]
-    if not groups:
-        return [(tuple(range(len(out_shape))), tuple(range(len(in_shape))))]
+    rest_sizes = [out_shape[d] for d in rest_out] + [in_shape[d] for d in rest_in]
+    if not groups or any(size != 1 for size in rest_sizes):
+        return flat
     groups[-1][0].extend(rest_out)
     groups[-1][1].extend(rest_in)
     return [(tuple(o), tuple(n)) for o, n in groups]

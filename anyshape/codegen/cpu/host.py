@@ -155,14 +155,13 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
             size = c_int(SymExpr.const(0) + n.type.numel)
             body.append(f"void* b{b} = as_alloc({size} * {n.dtype.itemsize});")
             owned.append(b)
+    free_all = " ".join(f"free(b{b});" for b in owned)
     if owned:
         checks = " || ".join(f"!b{b}" for b in owned)
-        free_all = " ".join(f"free(b{b});" for b in owned)
         body.append(
             f'if ({checks}) {{ {free_all} snprintf(err, errlen, "out of memory for the '
             f'outputs"); return 2; }}'
         )
-    free_all = " ".join(f"free(b{b});" for b in owned)
     for site, k in enumerate(kernels):
         ptrs = ", ".join(f"b{p}" for p in k.ptrs)
         ints = ", ".join(c_int(d) for d in k.ints) or "0"

@@ -76,12 +76,8 @@ def plan_memory(
         slot_last[s] = last
         slot_hint[s] = max(slot_hint[s], hint)
     plan.bytes = {b: planned[b] for b in plan.slot_of}
-    for s, members in enumerate(plan.slots):  # distinct size expressions only
-        seen: list[int] = []
-        for b in members:
-            if all(planned[b] != planned[m] for m in seen):
-                seen.append(b)
-        plan.slots[s] = seen if seen else members
+    # A slot is sized by its distinct size expressions only.
+    plan.slots = [list({planned[b]: b for b in members}.values()) for members in plan.slots]
     return plan
 
 

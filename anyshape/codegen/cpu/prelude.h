@@ -33,34 +33,30 @@ static inline void* as_alloc(int64_t bytes) {
 
 static inline int64_t as_round64(int64_t bytes) { return bytes <= 0 ? 64 : (bytes + 63) / 64 * 64; }
 
-// The calling thread's workspace: grows to the largest call seen and is reused, so
-// steady-state calls neither allocate nor fault pages in; threads never share one.
+// Per-thread arenas that only grow: steady-state calls neither allocate nor fault pages
+// in, and threads never share one. The workspace holds a call's intermediate buffers;
+// the scratch arena holds kernels' temporaries (convolution columns).
 struct AsArena {
   void* data = nullptr;
   int64_t size = 0;
   ~AsArena() { free(data); }
+  void* reserve(int64_t bytes) {
+    if (bytes > size) {
+      free(data);
+      size = as_round64(bytes + bytes / 8);
+      data = aligned_alloc(64, (size_t)size);
+      if (!data) size = 0;
+    }
+    return data;
+  }
 };
 static void* as_workspace(int64_t bytes) {
   static thread_local AsArena arena;
-  if (bytes > arena.size) {
-    free(arena.data);
-    arena.size = as_round64(bytes + bytes / 8);
-    arena.data = aligned_alloc(64, (size_t)arena.size);
-    if (!arena.data) arena.size = 0;
-  }
-  return arena.data;
+  return arena.reserve(bytes);
 }
-
-// Per-thread scratch for kernels that need temporary memory (convolution columns).
 static void* as_scratch(int64_t bytes) {
   static thread_local AsArena arena;
-  if (bytes > arena.size) {
-    free(arena.data);
-    arena.size = as_round64(bytes);
-    arena.data = aligned_alloc(64, (size_t)arena.size);
-    if (!arena.data) arena.size = 0;
-  }
-  return arena.data;
+  return arena.reserve(bytes);
 }
 
 template <class T> static inline bool as_isnan(T x) {

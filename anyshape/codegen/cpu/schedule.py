@@ -60,10 +60,11 @@ def _swaps_last_two(node: Node) -> bool:
 
 def plan_schedule(graph: Graph) -> Schedule:
     nodes = graph.nodes()
-    users: dict[int, int] = {}
+    consumers: dict[int, list[Node]] = {}  # one entry per use
     for n in nodes:
         for i in n.inputs:
-            users[id(i)] = users.get(id(i), 0) + 1
+            consumers.setdefault(id(i), []).append(n)
+    users = {k: len(v) for k, v in consumers.items()}
     outputs = {id(o) for o in graph.outputs}
     mat: set[int] = set()
     sched = Schedule(graph)
@@ -112,10 +113,6 @@ def plan_schedule(graph: Graph) -> Schedule:
                 sched.transposed_operands[id(src)] = src.inputs[0]
             else:
                 need_memory(src)
-    consumers: dict[int, list[Node]] = {}
-    for n in nodes:
-        for i in n.inputs:
-            consumers.setdefault(id(i), []).append(n)
     cost: dict[int, int] = {}
 
     def fused_cost(n: Node) -> int:
