@@ -7,21 +7,31 @@ Public API (plugin mode)::
     print(anyshape.explain(model, example_inputs))   # clusters, fallbacks, reasons
     anyshape.stats()["compilations"]                 # graphs compiled in this process
 
+Standalone mode::
+
+    anyshape.export(model, example_inputs).save("model.anyshape")   # needs torch
+    model = anyshape.load("model.anyshape")                         # needs only NumPy
+    outputs = model(*numpy_arrays)
+
 The core (``ir``, ``passes``, ``runtime``) needs only NumPy; torch is imported
 lazily by the functions that need it.
 """
 
-from .errors import AnyshapeError, CaptureError, InputError, UnsupportedError
+from .errors import AnyshapeError, ArtifactError, CaptureError, InputError, UnsupportedError
 from .stats import reset_stats, stats
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AnyshapeError",
+    "ArtifactError",
     "CaptureError",
     "InputError",
     "UnsupportedError",
     "explain",
+    "export",
+    "include_dir",
+    "load",
     "optimize",
     "reset_stats",
     "stats",
@@ -40,3 +50,24 @@ def explain(model, example_inputs, **kwargs):
     from .api import explain as _explain
 
     return _explain(model, example_inputs, **kwargs)
+
+
+def export(model, example_inputs, **kwargs):
+    """Compile ``model`` into a standalone artifact; see ``anyshape.standalone.export.export``."""
+    from .standalone.export import export as _export
+
+    return _export(model, example_inputs, **kwargs)
+
+
+def load(path, **kwargs):
+    """Load an artifact to run from NumPy; see ``anyshape.standalone.loader.load``."""
+    from .standalone.loader import load as _load
+
+    return _load(path, **kwargs)
+
+
+def include_dir() -> str:
+    """The folder holding ``anyshape.h``, the C API for artifacts."""
+    import os
+
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime")

@@ -1,4 +1,6 @@
-"""The ``anyshape`` command line: ``anyshape bench`` runs the benchmarks in ``benchmarks/``.
+"""The ``anyshape`` command line: ``bench`` runs the benchmarks in ``benchmarks/``;
+``compile``, ``info`` and ``run`` make and use standalone artifacts
+(``standalone.commands``).
 
 Sits outside the compiler; importing this module imports neither torch nor
 the benchmarks (both load when a subcommand runs). ``benchmarks`` lives at
@@ -13,6 +15,10 @@ import argparse
 import sys
 import time
 from pathlib import Path
+
+from .errors import AnyshapeError
+from .standalone.commands import add_parsers as add_standalone_parsers
+from .standalone.commands import dispatch as standalone_command
 
 QUICK_REQUESTS = 6
 FULL_REQUESTS = 30
@@ -67,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
         help="threads for torch, Inductor, anyshape and ONNX Runtime (default: torch's)",
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_standalone_parsers(sub)
     return ap
 
 
@@ -149,7 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
-    return bench(ap, args, " ".join(["anyshape", *argv]))  # the only subcommand
+    if args.command == "bench":
+        return bench(ap, args, " ".join(["anyshape", *argv]))
+    try:
+        return standalone_command(args)
+    except AnyshapeError as e:
+        print(f"anyshape {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -21,3 +21,7 @@ class UnsupportedError(AnyshapeError, NotImplementedError):
 
 class CaptureError(AnyshapeError, RuntimeError):
     """The model could not be captured into a graph; says what to try."""
+
+
+class ArtifactError(AnyshapeError, ValueError):
+    """An artifact file cannot be used: corrupt, truncated, or built for another target."""

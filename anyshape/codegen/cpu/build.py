@@ -19,11 +19,11 @@ from pathlib import Path
 
 from ...errors import AnyshapeError
 from ...stats import bump
+from .target import NATIVE, Target
 
 VERSION = "0.1.0"
 FLAGS = [
     "-O3",
-    "-march=native",
     "-fopenmp",
     "-fPIC",
     "-shared",
@@ -76,9 +76,9 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def build_library(source: str, name: str = "graph") -> Path:
+def build_library(source: str, name: str = "graph", target: Target = NATIVE) -> Path:
     """The path of a shared library built from ``source`` (from the cache when present)."""
-    return build_cached(source, name, FLAGS + blas_flags())
+    return build_cached(source, name, FLAGS + list(target.flags) + blas_flags())
 
 
 def build_cached(source: str, name: str, flags: list[str], language: str = "c++") -> Path:

@@ -12,6 +12,7 @@ values of a symbolic dim (a run-time broadcast decision, not a new graph).
 from __future__ import annotations
 
 import inspect
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -107,7 +108,6 @@ def capture_export(
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
-            ep = ep.run_decompositions(decomposition_table())
     except Exception as e:  # torch raises many types here; all mean "could not capture"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(
@@ -116,6 +116,20 @@ def capture_export(
             f"sizes, pass example inputs of a shape you serve, give explicit dynamic_shapes=, "
             f"or use torch.compile(model, backend='anyshape'), which runs uncapturable Python "
             f"in PyTorch and compiles the rest."
+        ) from e
+    return capture_program(ep, type(model).__name__)
+
+
+def capture_program(ep, name: str = "the program") -> Captured:
+    """Decompose an ExportedProgram to core ATen; its graph, symbol ranges and guards."""
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            # torch's own deepcopy of its output spec warns about its own deprecated API
+            warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+            ep = ep.run_decompositions(decomposition_table())
+    except Exception as e:  # as above: any failure means the program cannot be lowered
+        raise CaptureError(
+            f"could not decompose {name} to core ATen: {type(e).__name__}: {e}"
         ) from e
     ranges = {}
     for sym, vr in ep.range_constraints.items():

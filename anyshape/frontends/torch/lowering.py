@@ -326,36 +326,52 @@ def lower_cluster(
     gm: fx.GraphModule | None,
     name: str,
     symbol_ranges: dict[str, tuple[int, int | None]] | None = None,
+    *,
+    inputs: Sequence[fx.Node] = (),
+    outputs: Sequence[fx.Node] | None = None,
+    guards: Sequence = (),
 ) -> LoweredCluster:
-    """Lower a set of supported FX nodes (in topological order) into one IR graph."""
+    """Lower a set of supported FX nodes (in topological order) into one IR graph.
+
+    By default the graph's inputs are the outside values the nodes use (in order
+    of first use) and its outputs the nodes used outside. A whole model passes
+    ``inputs`` (every placeholder, in order, used or not) and ``outputs`` (the
+    model's flat outputs, which may be inputs or weights themselves), and the
+    ``guards`` its capture relied on, for the prologue to check.
+    """
     members = set(nodes)
     builder = GraphBuilder(name=name)
     for sym, (lo, hi) in (symbol_ranges or {}).items():
         builder.constraints.add_symbol(sym, lo, hi)
+    builder.constraints.guards.extend(guards)
     ctx = LowerCtx(builder)
     env: dict = {}
-    inputs: list[fx.Node] = []
+    used_inputs: list[fx.Node] = []
     params: list[fx.Node] = []
+
+    def outside(a: fx.Node) -> None:
+        if a.op == "get_attr" and gm is not None:
+            tensor = _fetch_attr(gm, a.target)
+            env[a] = builder.param(a.target, tensor_to_numpy(tensor))
+            params.append(a)
+        else:
+            env[a] = builder.input(a.name, to_tensor_type(a.meta["val"]))
+            used_inputs.append(a)
+
+    for a in inputs:
+        outside(a)
     for node in nodes:
         for a in _tensor_operands(node):
-            if a in members or a in env:
-                continue
-            if a.op == "get_attr" and gm is not None:
-                tensor = _fetch_attr(gm, a.target)
-                env[a] = builder.param(a.target, tensor_to_numpy(tensor))
-                params.append(a)
-            else:
-                env[a] = builder.input(a.name, to_tensor_type(a.meta["val"]))
-                inputs.append(a)
+            if a not in members and a not in env:
+                outside(a)
         env[node] = lower_node(ctx, node, env)
-    outputs: list[fx.Node] = []
-    for node in nodes:
-        if not is_tensor_node(node):
-            continue
-        if any(u not in members for u in node.users):
-            outputs.append(node)
+    if outputs is None:
+        outputs = [n for n in nodes if is_tensor_node(n) and any(u not in members for u in n.users)]
+    for o in outputs:
+        if o not in env:
+            outside(o)
     graph = builder.build([env[o] for o in outputs])
-    return LoweredCluster(graph, inputs, outputs, params)
+    return LoweredCluster(graph, used_inputs, list(outputs), params)
 
 
 def _fetch_attr(gm: fx.GraphModule, target: str):

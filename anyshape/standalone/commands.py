@@ -1,0 +1,158 @@
+"""The standalone-mode commands of the ``anyshape`` CLI: compile, info, run.
+
+Sits on top of standalone mode; ``anyshape.cli`` dispatches here. ``compile``
+needs torch (it reads a saved ExportedProgram); ``info`` and ``run`` need only
+NumPy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from ..errors import AnyshapeError
+from ..ir.symbolic import parse_expr
+
+
+def add_parsers(sub) -> None:
+    comp = sub.add_parser(
+        "compile",
+        help="compile a saved ExportedProgram (.pt2) into a standalone artifact",
+        description="Read a program saved with torch.export.save and compile every op of it "
+        "into one artifact that runs any shape its dynamic dims allow, without PyTorch.",
+    )
+    comp.add_argument("model", help="a .pt2 file from torch.export.save")
+    comp.add_argument("-o", "--output", required=True, help="the artifact file to write")
+    comp.add_argument(
+        "--target",
+        choices=["portable", "native"],
+        default="portable",
+        help="portable: the widest ISA level this machine supports (default); native: this CPU",
+    )
+    info = sub.add_parser("info", help="print an artifact's signature, target and constraints")
+    info.add_argument("artifact")
+    run = sub.add_parser(
+        "run",
+        help="run an artifact on random inputs; print output shapes and timing",
+        description="Dims not given with --shape are taken from the inputs that share them.",
+    )
+    run.add_argument("artifact")
+    run.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="NAME=2x17",
+        help="an input's shape (repeatable); needed for each dynamic dim not shared",
+    )
+    run.add_argument("--repeat", type=int, default=10, help="timed calls (default %(default)s)")
+    run.add_argument(
+        "--int-high",
+        type=int,
+        default=2,
+        help="integer inputs are drawn from [0, INT_HIGH) (default %(default)s)",
+    )
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
+
+
+def compile_cmd(args) -> int:
+    import torch
+
+    from .export import export_program
+
+    try:
+        program = torch.export.load(args.model)
+    except Exception as e:  # torch raises many types for a bad file
+        raise SystemExit(f"anyshape compile: cannot read {args.model}: {e}") from None
+    t0 = time.perf_counter()
+    artifact = export_program(program, target=args.target)
+    path = artifact.save(args.output)
+    print(artifact.signature())
+    print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def info_cmd(args) -> int:
+    from .format import read_artifact
+    from .loader import describe_manifest
+
+    art = read_artifact(args.artifact)
+    print(describe_manifest(art.manifest))
+    return 0
+
+
+def run_cmd(args) -> int:
+    from .loader import load
+
+    model = load(args.artifact, num_threads=args.threads)
+    given: dict[str, tuple[int, ...]] = {}
+    for text in args.shape:
+        name, sep, dims = text.partition("=")
+        try:
+            given[name] = tuple(int(d) for d in dims.split("x")) if dims else ()
+        except ValueError:
+            raise SystemExit(f"anyshape run: --shape {text!r}: expected NAME=2x17") from None
+        if not sep or name not in model.input_names:
+            raise SystemExit(
+                f"anyshape run: --shape {text!r}: the inputs are {', '.join(model.input_names)}"
+            )
+    shapes = input_shapes(model.manifest, given)
+    rng = np.random.default_rng(args.seed)
+    arrays = []
+    for dt, shape in zip(model.input_dtypes, shapes):
+        if dt.kind == "f":
+            arrays.append(rng.standard_normal(shape).astype(dt))
+        elif dt.kind == "b":
+            arrays.append(rng.integers(0, 2, shape).astype(dt))
+        else:
+            arrays.append(rng.integers(0, args.int_high, shape).astype(dt))
+    outs = model(*arrays)  # the first call grows the workspace
+    times = []
+    for _ in range(max(args.repeat, 1)):
+        t0 = time.perf_counter()
+        model(*arrays)
+        times.append(time.perf_counter() - t0)
+    for rec, a in zip(model.manifest.inputs, arrays):
+        print(f"input  {rec.name}: {a.dtype}{list(a.shape)}")
+    for name, o in zip(model.output_names, outs):
+        print(f"output {name}: {o.dtype}{list(o.shape)}")
+    print(
+        f"median {np.median(times) * 1e3:.3f} ms, min {min(times) * 1e3:.3f} ms "
+        f"over {len(times)} calls"
+    )
+    return 0
+
+
+def input_shapes(manifest, given: dict[str, tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Every input's shape: given ones as they are, the rest from the symbols they share."""
+    env: dict[str, int] = {}
+    for rec in manifest.inputs:
+        if rec.name in given:
+            shape = given[rec.name]
+            if len(shape) != len(rec.dims):
+                raise SystemExit(
+                    f"anyshape run: input {rec.name!r} has rank {len(rec.dims)} "
+                    f"({' x '.join(rec.dims)}), --shape gave {len(shape)} dims"
+                )
+            for dim, n in zip(rec.dims, shape):
+                if dim.isidentifier():
+                    env.setdefault(dim, n)
+    out = []
+    for rec in manifest.inputs:
+        if rec.name in given:
+            out.append(given[rec.name])
+            continue
+        try:
+            out.append(tuple(parse_expr(d).evaluate(env) for d in rec.dims))
+        except (KeyError, ValueError, AnyshapeError):
+            raise SystemExit(
+                f"anyshape run: give --shape {rec.name}=...: its dims "
+                f"[{', '.join(rec.dims)}] are not all known from the other shapes"
+            ) from None
+    return out
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    return {"compile": compile_cmd, "info": info_cmd, "run": run_cmd}[args.command](args)
