@@ -458,9 +458,16 @@ EMITTERS = {
 
 
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
-    scope = KernelScope(sched, buffer_of)
-    scope.ptr(root)  # the output is P[0]
-    lines = EMITTERS.get(root.op, _emit_pointwise)(scope, root)
+    if id(root) in sched.stitches:
+        from .stitch_emit import StitchScope, emit_stitch
+
+        scope = StitchScope(sched, buffer_of)
+        scope.ptr(root)  # the output is P[0]
+        lines = emit_stitch(scope, root, sched.stitches[id(root)])
+    else:
+        scope = KernelScope(sched, buffer_of)
+        scope.ptr(root)  # the output is P[0]
+        lines = EMITTERS.get(root.op, _emit_pointwise)(scope, root)
     # Buffers never overlap within a kernel: restrict lets loops vectorize without checks.
     head = [f"void* __restrict__ p{k} = P[{k}];" for k in range(len(scope.ptrs))]
     head.append("int err_flag = 0; int* err = &err_flag; (void)err;")

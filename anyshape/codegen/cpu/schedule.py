@@ -9,7 +9,9 @@ consumer instead: a GEMM's bias add feeding both uses inside GELU becomes part
 of the GELU pass). A reshape that must be in memory (a GEMM operand) aliases
 its source's buffer instead of copying it. Every other value is computed
 inside the loop nest of the kernel that consumes it (loop fusion of
-elementwise, broadcast and view chains; input fusion into reductions).
+elementwise, broadcast and view chains; input fusion into reductions). Last,
+``stitch_plan`` folds row reductions into the kernel that consumes them
+(softmax, layer norm: one kernel, one pass over memory).
 
 The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...ir.graph import Graph, Node
+from .stitch_plan import plan_stitches
 
 ROOT_OPS = {"reduce", "argreduce", "cumulative", "dot", "convolution", "pool"}
 SOURCE_OPS = {"input", "param"}
@@ -44,6 +47,8 @@ class Schedule:
     transposed_operands: dict[int, Node] = field(default_factory=dict)
     # reshapes of a buffer that need memory: they share the buffer (no copy kernel)
     aliases: dict[int, Node] = field(default_factory=dict)
+    # stitch groups (stitch_plan): root id -> the row broadcasts it computes per row
+    stitches: dict[int, list[Node]] = field(default_factory=dict)
 
     def is_materialized(self, node: Node) -> bool:
         return id(node) in self._mat
@@ -58,7 +63,7 @@ def _swaps_last_two(node: Node) -> bool:
     return r >= 2 and tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
 
 
-def plan_schedule(graph: Graph) -> Schedule:
+def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
     nodes = graph.nodes()
     consumers: dict[int, list[Node]] = {}  # one entry per use
     for n in nodes:
@@ -134,6 +139,8 @@ def plan_schedule(graph: Graph) -> Schedule:
             continue
         mat.add(id(n))
         cost.clear()
+    if stitch:
+        sched.stitches = plan_stitches(nodes, mat, consumers, outputs)
     sched._mat = mat
     sched.materialized = [n for n in nodes if id(n) in mat]
     sched.kernels = [

@@ -1,0 +1,143 @@
+"""Fusion on the CPU backend: how many kernels standard blocks compile to, and that they match eager.
+
+Stitch fusion folds row reductions into the kernel that consumes them:
+softmax, log-softmax, layer norm (with its residual add), RMS norm and the
+attention mask + scale + softmax each become one kernel. The counts are the
+contract (a fusion regression fails here); every case also runs shapes that
+stress the row loop (one row, rows of length 1, no rows, batch 1, NaN) against
+eager.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import transformers
+
+import anyshape
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def _kernels(opt) -> list[str]:
+    (cluster,) = opt.report.clusters
+    return cluster.compiled.native.kernel_labels
+
+
+class Softmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, -1)
+
+
+class LogSoftmax(torch.nn.Module):
+    def forward(self, x):
+        return torch.log_softmax(x, -1)
+
+
+class AddLayerNorm(torch.nn.Module):
+    def __init__(self, n=24):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(n)
+
+    def forward(self, x, residual):
+        return self.norm(x + residual)
+
+
+class RmsNorm(torch.nn.Module):
+    def __init__(self, n=24):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(n) + 0.5)
+
+    def forward(self, x):
+        var = x.pow(2).mean(-1, keepdim=True)
+        return x * torch.rsqrt(var + 1e-6) * self.weight
+
+
+class AttentionSoftmax(torch.nn.Module):
+    def forward(self, scores, mask):
+        return torch.softmax(scores / math.sqrt(64) + mask, dim=-1)
+
+
+CASES = {
+    "softmax": (Softmax(), lambda *s: (torch.randn(*s, 24),)),
+    "log_softmax": (LogSoftmax(), lambda *s: (torch.randn(*s, 24),)),
+    "add_layernorm": (AddLayerNorm(), lambda *s: (torch.randn(*s, 24), torch.randn(*s, 24))),
+    "rms_norm": (RmsNorm(), lambda *s: (torch.randn(*s, 24),)),
+}
+SHAPES = [(3, 5), (1, 1), (1, 7), (0, 4), (4, 33)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_row_reductions_stitch_into_one_kernel(name):
+    model, make = CASES[name]
+    opt = anyshape.optimize(model.eval(), make(2, 3))
+    assert len(_kernels(opt)) == 1, _kernels(opt)
+    for shape in SHAPES:
+        inputs = make(*shape)
+        torch.testing.assert_close(opt(*inputs), model(*inputs), **TOL)
+
+
+def test_attention_mask_scale_softmax_is_one_kernel():
+    model = AttentionSoftmax()
+    opt = anyshape.optimize(model, (torch.randn(2, 4, 6, 6), torch.randn(2, 1, 1, 6)))
+    assert len(_kernels(opt)) == 1, _kernels(opt)
+    for b, h, s in [(1, 4, 1), (3, 4, 17), (2, 4, 5)]:
+        scores, mask = torch.randn(b, h, s, s), torch.zeros(b, 1, 1, s)
+        mask[..., s // 2 :] = -1e9  # a padded tail, as BERT's extended mask
+        torch.testing.assert_close(opt(scores, mask), model(scores, mask), **TOL)
+
+
+def test_stitched_max_propagates_nan():
+    opt = anyshape.optimize(Softmax(), (torch.randn(2, 8),))
+    x = torch.randn(3, 8)
+    x[1, 3] = float("nan")
+    got = opt(x)
+    assert torch.isnan(got[1]).all() and not torch.isnan(got[[0, 2]]).any()
+
+
+def test_reduction_read_elsewhere_is_not_stitched():
+    """A row sum that is also an output stays in memory: the consumer reads it from there."""
+
+    class SumAndNormalize(torch.nn.Module):
+        def forward(self, x):
+            total = x.sum(-1, keepdim=True)
+            return x / total, total
+
+    model = SumAndNormalize()
+    opt = anyshape.optimize(model, (torch.rand(3, 8) + 1,))
+    assert len(_kernels(opt)) == 2
+    x = torch.rand(5, 9) + 1
+    torch.testing.assert_close(opt(x), model(x), **TOL)
+
+
+def test_bert_layer_kernel_count():
+    """One BERT encoder layer: 8 GEMMs and 8 fused kernels (17 before stitch fusion).
+
+    The 8: four head-layout transposes (q, k, v in; context out), the attention
+    softmax, the two residual + layer norms, GELU.
+    """
+    cfg = transformers.BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=128)
+    layer = transformers.models.bert.modeling_bert.BertLayer(cfg).eval()
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, h):
+            out = self.layer(h)
+            return out[0] if isinstance(out, tuple) else out
+
+    model = Layer().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 7, 64),))
+    labels = _kernels(opt)
+    gemms = [k for k in labels if k.startswith("dot ")]
+    fused = [k for k in labels if not k.startswith("dot ")]
+    assert len(gemms) == 8, labels  # q, k, v, scores, context, attention out, up, down
+    assert len(fused) == 8, labels
+    assert sum(k.startswith("transpose ") for k in fused) == 4, labels
+    for b, s in [(1, 1), (3, 9), (2, 16)]:
+        h = torch.randn(b, s, 64)
+        torch.testing.assert_close(opt(h), model(h), rtol=1e-4, atol=1e-4)
