@@ -141,3 +141,18 @@ def test_bert_layer_kernel_count():
     for b, s in [(1, 1), (3, 9), (2, 16)]:
         h = torch.randn(b, s, 64)
         torch.testing.assert_close(opt(h), model(h), rtol=1e-4, atol=1e-4)
+
+
+def test_explain_lists_kernels_with_kind_and_fused_ops():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin, self.norm = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16)
+
+        def forward(self, x):
+            return torch.softmax(self.norm(torch.nn.functional.gelu(self.lin(x)) + x), -1)
+
+    text = str(anyshape.explain(Block().eval(), (torch.randn(2, 3, 16),)))
+    assert "kernels: 2 calls (1 library GEMM/convolution, 1 generated loop nests)" in text
+    (stitch,) = [ln for ln in text.splitlines() if ln.strip().startswith("stitch:")]
+    assert "erf x1" in stitch and "exp x1" in stitch and "reduce x4" in stitch

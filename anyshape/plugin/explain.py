@@ -1,4 +1,4 @@
-"""The explain() report: clusters, fallbacks with reasons and source lines, op counts.
+"""The explain() report: clusters, fallbacks with reasons and source lines, op counts, kernels.
 
 Sits at the end of plugin-mode compilation and reads only the ``CompileReport``;
 printing it is all a user needs to see what anyshape compiled, what it left to
@@ -59,6 +59,15 @@ class ExplainReport:
             )
             lines.append(f"  ATen: {aten}")
             lines.append("  IR:   " + ", ".join(f"{k} x{v}" for k, v in sorted(ir.items())))
+            native = c.compiled.native
+            if native is not None:
+                described = native.kernel_descriptions
+                gemms = sum(d.startswith(("library", "im2col")) for d in described)
+                lines.append(
+                    f"  kernels: {len(described)} calls ({gemms} library GEMM/convolution, "
+                    f"{len(described) - gemms} generated loop nests)"
+                )
+                lines += [f"    {d}" for d in described]
             guards = [str(gd) for gd in g.constraints.guards]
             if guards:
                 lines.append("  guards checked per call: " + "; ".join(guards))

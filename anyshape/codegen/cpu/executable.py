@@ -39,6 +39,7 @@ class CpuExecutable:
         )
         self.output_slots = program.output_slots
         self.kernel_labels = program.kernel_labels
+        self.kernel_descriptions = program.kernel_descriptions
 
     def set_profiling(self, on: bool) -> None:
         self.native.set_profiling(on)

@@ -23,7 +23,7 @@ from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
 from .kernels import Kernel, emit_kernel
 from .memory import MemoryPlan, plan_memory
-from .schedule import SOURCE_OPS, plan_schedule
+from .schedule import SOURCE_OPS, describe_kernel, plan_schedule
 
 
 def c_int(e, sym=lambda s: f"S_{s}") -> str:
@@ -71,6 +71,7 @@ class HostProgram:
     extra_symbols: list[str]
     param_names: list[str]  # weights in the order of prm[]
     kernel_labels: list[str]  # what each profiled call site runs, in call order
+    kernel_descriptions: list[str]  # kind, root and fused ops of each call site (explain)
 
 
 def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
@@ -90,7 +91,8 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     lines += host
     params = [n.attr("name") for n in sched.materialized if n.op == "param"]
     labels = [kernel_label(k.root) for k in kernels]
-    return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params, labels)
+    described = [describe_kernel(sched, k.root) for k in kernels]
+    return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params, labels, described)
 
 
 def kernel_label(root: Node) -> str:

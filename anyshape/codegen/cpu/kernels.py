@@ -461,7 +461,7 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
     if id(root) in sched.stitches:
         from .stitch_emit import StitchScope, emit_stitch
 
-        scope = StitchScope(sched, buffer_of)
+        scope = StitchScope(sched, buffer_of, root)
         scope.ptr(root)  # the output is P[0]
         lines = emit_stitch(scope, root, sched.stitches[id(root)])
     else:

@@ -49,6 +49,8 @@ class Schedule:
     aliases: dict[int, Node] = field(default_factory=dict)
     # stitch groups (stitch_plan): root id -> the row broadcasts it computes per row
     stitches: dict[int, list[Node]] = field(default_factory=dict)
+    # ... and the full-row values it keeps in a per-thread row buffer (softmax's exp)
+    row_buffered: dict[int, list[Node]] = field(default_factory=dict)
 
     def is_materialized(self, node: Node) -> bool:
         return id(node) in self._mat
@@ -140,10 +142,33 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
         mat.add(id(n))
         cost.clear()
     if stitch:
-        sched.stitches = plan_stitches(nodes, mat, consumers, outputs)
+        sched.stitches, sched.row_buffered = plan_stitches(nodes, mat, consumers, outputs)
     sched._mat = mat
     sched.materialized = [n for n in nodes if id(n) in mat]
     sched.kernels = [
         n for n in sched.materialized if n.op not in SOURCE_OPS and id(n) not in sched.aliases
     ]
     return sched
+
+
+def describe_kernel(sched: Schedule, root: Node) -> str:
+    """``stitch softmax-like div f32[s0, 768]: fuses exp x1, reduce x2, ...``: for explain()."""
+    kind = (
+        "stitch"
+        if id(root) in sched.stitches
+        else {"dot": "library GEMM", "convolution": "im2col + GEMM", "pool": "window"}.get(
+            root.op, "reduce" if root.op in ROOT_OPS else "loop"
+        )
+    )
+    fused: dict[str, int] = {}
+    seen: set[int] = set()
+    stack = list(root.inputs)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or sched.is_materialized(n) or n.op in CHEAP_OPS:
+            continue
+        seen.add(id(n))
+        fused[n.op] = fused.get(n.op, 0) + 1
+        stack.extend(n.inputs)
+    ops = ", ".join(f"{k} x{v}" for k, v in sorted(fused.items()))
+    return f"{kind}: {root.op} {root.type}" + (f" <- {ops}" if ops else "")

@@ -12,7 +12,7 @@ exp of softmax) are recomputed rather than stored: the row is in cache.
 from __future__ import annotations
 
 from ...ir.graph import Node
-from .ctypes_map import compute_type
+from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .kernels import (
     _SIMD_REDUCTION,
@@ -28,14 +28,57 @@ from .kernels import (
 
 
 class StitchScope(KernelScope):
-    """A kernel scope where an unstored reduction is computed in place, over its row."""
+    """A kernel scope where an unstored reduction is computed in place, over its row.
+
+    Values the plan stores per row (``row_buffered``: softmax's exp) are written
+    to the thread's row buffer by the first loop that computes them and read
+    back by the later loops; ``rows`` are the row index names of the kernel.
+    """
+
+    def __init__(self, sched, buffer_of, root: Node):
+        super().__init__(sched, buffer_of)
+        self.row_names: tuple[str, ...] = ()
+        self.row_slots: dict[int, int] = {}  # node id -> slot in the row buffer
+        for n in sched.row_buffered.get(id(root), []):
+            self.row_slots[id(n)] = len(self.row_slots)
+        self.row_len = root.shape[-1]
+        self.stored: set[int] = set()
+        self.row_loops: set[str] = set()  # index names of loops over a whole row
+        self.row_values: set[str] = set()  # C names of per-row values (reductions, ...)
+
+    def value(self, node: Node, idx) -> str:
+        slot = self.row_slots.get(id(node))
+        if slot is None or tuple(idx[:-1]) != self.row_names or idx[-1] not in self.row_loops:
+            return super().value(node, idx)  # (read at another index: computed in place)
+        key = (id(node), tuple(idx))
+        if key in self.memo:
+            return self.memo[key]
+        where = f"rb[{slot} * {self.dim(self.row_len)} + {idx[-1]}]"
+        if id(node) in self.stored:
+            expr = where
+        else:  # the first loop over the row computes it (every loop covers the whole row)
+            self.stored.add(id(node))
+            expr = self.tmp(compute_type(node.dtype), self._fused(node, tuple(idx)))
+            self.lines.append(f"{where} = {expr};")
+        self.memo[key] = expr
+        return expr
+
+    def _divide(self, n: Node, a: str, b: str) -> str:
+        # Dividing a row by a per-row value (softmax's sum): multiply by its reciprocal,
+        # which the compiler hoists out of the row loop (a divide per element is 10x a multiply).
+        if n.op == "div" and n.dtype.is_float and b in self.row_values:
+            return f"({a} * (({compute_type(n.dtype)})1 / {b}))"
+        return super()._divide(n, a, b)
 
     def _op_reduce(self, n: Node, idx) -> str:
         x = n.inputs[0]
         kind, axis = n.attr("kind"), x.rank - 1
         acc, r = f"acc{self.counter}", f"r{self.counter}"
         self.counter += 1
-        acc_t = _acc_type(kind, x.dtype)
+        self.row_loops.add(r)
+        # Lane-wise float partial sums (omp simd) over one row are as accurate as
+        # eager's vectorized sums and twice as wide as double accumulators.
+        acc_t = compute_type(x.dtype) if kind == "sum" else _acc_type(kind, x.dtype)
         lines = [f"{acc_t} {acc} = {_reduce_init(kind, x.dtype)};"]
         simd = _SIMD_REDUCTION.get(kind, "").replace("acc", acc)
         float_minmax = kind in ("max", "min") and x.dtype.is_float
@@ -80,9 +123,23 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
             + " {"
         )
 
+    scope.row_names = rows
+    scope.row_loops.add(last)
+    buffered = len(scope.row_slots)
+
     def row():
+        if buffered:
+            t = c_type(root.dtype)
+            n = scope.dim(root.shape[-1])
+            scope.lines.append(
+                f"{t}* rb = ({t}*)as_scratch((int64_t)sizeof({t}) * {buffered} * {n});"
+            )
+            scope.lines.append(
+                "if (!rb) { err_flag = 3; continue; }" if rows else "if (!rb) return 3;"
+            )
         for b in broadcasts:  # the reductions, once per row (memoized for the loop below)
             scope.value(b, rows + ("0",))
+        scope.row_values = set(scope.memo.values())
         n = scope.dim(root.shape[-1])
         scope.lines.append(f"for (int64_t {last} = 0; {last} < {n}; ++{last}) {{")
         inner = _body(scope, lambda: _store(scope, root, names, scope._fused(root, names)))

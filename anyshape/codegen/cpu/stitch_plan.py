@@ -26,13 +26,17 @@ _NOT_POINTWISE |= {"param", "gather", "take_along_axis", "pad", "concatenate"}
 
 def plan_stitches(
     nodes: list[Node], mat: set[int], consumers: dict[int, list[Node]], outputs: set[int]
-) -> dict[int, list[Node]]:
-    """Stitch groups: root id -> the row broadcasts it reads (in graph order).
+) -> tuple[dict[int, list[Node]], dict[int, list[Node]]]:
+    """Stitch groups: root id -> the row broadcasts it reads (in graph order), and
+    root id -> the full-row values it keeps in a row buffer.
 
-    Removes the group's reductions and recomputed values from ``mat``.
+    Removes the group's reductions and row-buffered values from ``mat``: values
+    that were stored because several consumers read them (and are not cheap)
+    are computed once per row into the buffer instead.
     """
     order = {id(n): k for k, n in enumerate(nodes)}
     groups: dict[int, list[Node]] = {}
+    buffered: dict[int, list[Node]] = {}
     taken: set[int] = set()
     for root in reversed(nodes):  # consumers first: the outermost root claims its group
         if id(root) not in mat or root.op in _NOT_POINTWISE or root.rank == 0:
@@ -52,7 +56,9 @@ def plan_stitches(
             mat.discard(id(n))
             taken.add(id(n))
         groups[id(root)] = sorted(broadcasts, key=lambda b: order[id(b)])
-    return groups
+        kept = [n for n in unmaterialized if n.op != "reduce" and n.dtype == root.dtype]
+        buffered[id(root)] = sorted(kept, key=lambda n: order[id(n)])
+    return groups, buffered
 
 
 def _escaping(unmat: set[Node], members: set[int], root: Node, consumers) -> set[Node]:
