@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ...errors import UnsupportedError
 from ...ir.graph import Node
-from ...ir.symbolic import SymExpr, as_dim, as_expr
+from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim
 from .ctypes_map import c_type, compute_type, literal
 from .schedule import Schedule
 
@@ -88,6 +88,16 @@ class KernelScope:
         self.memo: dict[tuple, str] = {}
         self.counter = 0
         self.needs_error_flag = False
+        # Speculation: a dim that may broadcast at run time (size 1) costs a select per
+        # index; the speculative variant assumes it does not and records the predicate.
+        self.speculate = False
+        self.may_broadcast = False  # the general variant has a run-time broadcast select
+        self.assumptions: list[tuple[str, str]] = []  # (C predicate, its text), speculative
+
+    def begin_variant(self) -> None:
+        """Start emitting the speculative variant of the same kernel (same P and D)."""
+        self.lines, self.memo, self.counter = [], {}, 0
+        self.speculate = True
 
     # --- parameters ------------------------------------------------------
     def ptr(self, node: Node) -> str:
@@ -190,7 +200,13 @@ class KernelScope:
                 src.append("0")
             elif isinstance(size, int) or size == n.shape[d]:
                 src.append(idx[d])
+            elif self.speculate:
+                pred = (f"{self.dim(size)} != 1", f"{format_dim(size)} != 1")
+                if pred not in self.assumptions:
+                    self.assumptions.append(pred)
+                src.append(idx[d])
             else:
+                self.may_broadcast = True
                 src.append(f"({self.dim(size)} == 1 ? 0 : {idx[d]})")
         return self.value(x, tuple(src))
 

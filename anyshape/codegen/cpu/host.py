@@ -91,7 +91,11 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     lines += host
     params = [n.attr("name") for n in sched.materialized if n.op == "param"]
     labels = [kernel_label(k.root) for k in kernels]
-    described = [describe_kernel(sched, k.root) for k in kernels]
+    described = [
+        describe_kernel(sched, k.root)
+        + (f" [variants: {' | '.join(k.variants)}]" if k.variants else "")
+        for k in kernels
+    ]
     return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params, labels, described)
 
 

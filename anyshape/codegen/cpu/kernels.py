@@ -16,7 +16,7 @@ materialized root node into a ``Kernel``: a C++ function
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,7 @@ class Kernel:
     ptrs: list[int]  # buffer ids for P[k]
     ints: list[SymExpr]  # run-time integers for D[k]
     root: Node
+    variants: list[str] = field(default_factory=list)  # speculation: predicate of each variant
 
 
 def _loop_vars(rank: int, prefix: str = "i") -> list[str]:
@@ -457,19 +458,40 @@ EMITTERS = {
 }
 
 
+# Kernel kinds that get a speculative no-broadcast variant (loop nests without early returns).
+SPECULATED = {"reduce"}
+
+
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
     if id(root) in sched.stitches:
         from .stitch_emit import StitchScope, emit_stitch
 
         scope = StitchScope(sched, buffer_of, root)
-        scope.ptr(root)  # the output is P[0]
-        lines = emit_stitch(scope, root, sched.stitches[id(root)])
+
+        def emit():
+            return emit_stitch(scope, root, sched.stitches[id(root)])
     else:
         scope = KernelScope(sched, buffer_of)
-        scope.ptr(root)  # the output is P[0]
-        lines = EMITTERS.get(root.op, _emit_pointwise)(scope, root)
+
+        def emit():
+            return EMITTERS.get(root.op, _emit_pointwise)(scope, root)
+
+    scope.ptr(root)  # the output is P[0]
+    lines = emit()
+    variants = []
+    speculated = id(root) in sched.stitches or root.op in SPECULATED or root.op not in EMITTERS
+    if scope.may_broadcast and speculated:
+        # A dim that may be 1 at run time selects its index per element, which blocks
+        # vectorization: a second variant assumes no such dim is 1, chosen per call.
+        general = lines
+        scope.begin_variant()
+        fast = emit()
+        cond = " && ".join(c for c, _ in scope.assumptions)
+        lines = [f"if ({cond}) {{", *_indent(fast, 1), "} else {", *_indent(general, 1), "}"]
+        text = " and ".join(t for _, t in scope.assumptions)
+        variants = [f"{text} (no run-time broadcast)", "general"]
     # Buffers never overlap within a kernel: restrict lets loops vectorize without checks.
     head = [f"void* __restrict__ p{k} = P[{k}];" for k in range(len(scope.ptrs))]
     head.append("int err_flag = 0; int* err = &err_flag; (void)err;")
     body = "\n".join(head + lines + ["return err_flag;"])
-    return Kernel(body, scope.ptrs, scope.ints, root)
+    return Kernel(body, scope.ptrs, scope.ints, root, variants)

@@ -46,6 +46,10 @@ class StitchScope(KernelScope):
         self.row_loops: set[str] = set()  # index names of loops over a whole row
         self.row_values: set[str] = set()  # C names of per-row values (reductions, ...)
 
+    def begin_variant(self) -> None:
+        super().begin_variant()
+        self.stored, self.row_loops, self.row_values = set(), set(), set()
+
     def value(self, node: Node, idx) -> str:
         slot = self.row_slots.get(id(node))
         if slot is None or tuple(idx[:-1]) != self.row_names or idx[-1] not in self.row_loops:
