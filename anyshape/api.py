@@ -48,11 +48,28 @@ class OptimizedModule(torch.nn.Module):
         self._flat_inputs = FlatInputs(self._in_spec)
         self._direct = plan_direct(graph_module)
 
+    @classmethod
+    def restored(cls, direct, in_spec, report: CompileReport, name: str) -> OptimizedModule:
+        """A module from the model cache: the direct call path only, no FX graph."""
+        module = cls.__new__(cls)
+        torch.nn.Module.__init__(module)
+        module.graph_module = None
+        module.report = report
+        module._name = name
+        module._names = list(direct.prologue.names)
+        module._examples = [torch.empty(0)] * len(module._names)  # every input is a tensor
+        module._in_spec = in_spec
+        module._flat_inputs = FlatInputs(in_spec)
+        module._direct = direct
+        return module
+
     def forward(self, *args, **kwargs):
         flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
         if flat is not None:
             return self._direct(flat)
         self._check_structure(args, kwargs)
+        if self.graph_module is None:
+            raise InputError(f"compiled {self._name} cannot take inputs structured like these")
         return self.graph_module(*args, **kwargs)
 
     def _check_structure(self, args, kwargs) -> None:
@@ -154,11 +171,32 @@ def optimize(
     or ``(args, kwargs)``. Every dim is dynamic unless ``dynamic_shapes`` (as for
     ``torch.export``) says otherwise. Options: see ``anyshape.config.Options``.
     """
+    from .plugin import model_cache
+
     opts = Options.from_env(**options)
     if isinstance(model, torch.nn.Module):
         model.eval()
+    name = type(model).__name__
+    args, kwargs = _split_inputs(example_inputs)
+    key = None
+    if opts.model_cache:
+        key = model_cache.fingerprint(model, args, kwargs, dynamic_shapes, opts)
+    if key is not None:
+        restored = model_cache.restore(key, model, opts)
+        if restored is not None:
+            module = OptimizedModule.restored(*restored, name)
+            if _agrees_with_eager(model, module, args, kwargs):
+                bump("compilations")
+                bump("model_cache_hits")
+                bump("clusters")
+                bump("compiled_ops", sum(module.report.clusters[0].aten_ops.values()))
+                return module
+            model_cache.drop(key)
     gm, report = _compile(model, example_inputs, dynamic_shapes, opts)
-    return OptimizedModule(gm, report, type(model).__name__)
+    module = OptimizedModule(gm, report, name)
+    if key is not None:
+        model_cache.store(key, model, module)
+    return module
 
 
 def explain(

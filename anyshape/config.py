@@ -33,6 +33,12 @@ class Options:
         default=False,
         metadata={"help": "time every generated kernel call; read with OptimizedModule.profile()"},
     )
+    model_cache: bool = field(
+        default=True,
+        metadata={
+            "help": "reuse a compile of the same model from any earlier process (skips capture)"
+        },
+    )
     min_cluster_ops: int = field(
         default=1, metadata={"help": "clusters with fewer compiled ops run in PyTorch instead"}
     )

@@ -4,7 +4,8 @@
 per ``optimize`` call, one per graph TorchDynamo hands the backend); tests use
 it to prove that a stream of shapes never recompiles. ``native_libraries``
 counts shared libraries the CPU backend loaded, ``native_builds`` those it had
-to build (cache misses).
+to build (cache misses); ``model_cache_hits`` counts ``optimize`` calls served
+from the model cache (they count as compilations too: capture was skipped).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def reset_stats() -> None:
                 "compiled_ops": 0,
                 "native_libraries": 0,
                 "native_builds": 0,
+                "model_cache_hits": 0,
             }
         )
 

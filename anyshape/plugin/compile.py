@@ -90,6 +90,13 @@ def compile_graph(
     ``count=False`` leaves ``stats()["compilations"]`` to the caller (which may
     discard this result and compile again).
     """
+    # Metadata assertions restate what the prologue checks (input dtypes) or what
+    # compiled code guarantees; left in, they keep values alive as extra cluster
+    # outputs and force the general FX call path.
+    for n in list(gm.graph.nodes):
+        if str(n.target) == "aten._assert_tensor_metadata.default" and not n.users:
+            gm.graph.erase_node(n)
+    gm.recompile()
     plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
     report = CompileReport(fallbacks=list(plan.fallbacks))
     built = []

@@ -47,7 +47,17 @@ class CompiledCluster:
     """A callable compiled unit for one cluster of an FX graph."""
 
     def __init__(self, lowered: LoweredCluster, options: Options):
-        self.graph = run_pipeline(lowered.graph, options)
+        self._setup(run_pipeline(lowered.graph, options), options)
+
+    @classmethod
+    def from_graph(cls, graph: Graph, options: Options) -> CompiledCluster:
+        """A unit for a graph the pass pipeline already ran on (the model cache's)."""
+        unit = cls.__new__(cls)
+        unit._setup(graph, options)
+        return unit
+
+    def _setup(self, graph: Graph, options: Options) -> None:
+        self.graph = graph
         specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in self.graph.inputs]
         self.binder = ShapeBinder(specs, self.graph.constraints, what=f"cluster @{self.graph.name}")
         self.extra_symbols = sorted(graph_symbols(self.graph) - self.binder.origin.keys())

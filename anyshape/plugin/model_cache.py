@@ -1,0 +1,227 @@
+"""The model cache of plugin mode: a model compiled once, in any process, skips capture next time.
+
+Sits around ``api.optimize``. Capture (torch.export) is most of a compile (6 of
+7 s for BERT-base); the rest is fast or already cached on disk (the native
+library). For a model that compiled into one cluster called directly
+(``plugin.direct``), the entry keeps what a call needs: the cluster's IR after
+the pass pipeline (printed text), the model prologue (input specs, symbol
+ranges, guards), the output structure and any constants not found on the model.
+Weights are not stored: they are read from the live model by name, so new
+weight values need no new entry.
+
+The key fingerprints what decides the captured graph without running it: the
+source of every module class in the model, every module's plain attributes
+(and a transformers config), parameter and buffer names, shapes and dtypes, the
+example inputs' structure, shapes and dtypes, the options, and the torch and
+anyshape versions. A restored model is checked against eager on the example
+before it is returned; any disagreement or defect drops the entry and compiles
+from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns it off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+
+from ..codegen.cpu.build import VERSION, cache_dir
+from ..config import Options
+from ..ir.constraints import ConstraintStore, Guard
+from ..ir.dtypes import DType
+from ..ir.parser import parse_graph
+from ..ir.printer import print_graph
+from ..ir.symbolic import format_dim, parse_expr
+from ..runtime.binder import InputSpec, ShapeBinder
+from .compile import ClusterInfo, CompileReport, ModelPrologue
+from .compiled_cluster import CompiledCluster
+from .direct import DirectPlan
+
+FORMAT = 1
+_PLAIN = (bool, int, float, str, type(None))
+
+
+def _describe(v) -> str:
+    """A stable description of an attribute or closure value that may steer tracing."""
+    if isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v)):
+        return repr(v)
+    if callable(v) and not isinstance(v, torch.nn.Module):
+        name = getattr(v, "__qualname__", None) or getattr(v, "__name__", None)
+        return f"{getattr(v, '__module__', '')}.{name}" if name else repr(v)
+    return type(v).__qualname__
+
+
+def _plain_attrs(module: torch.nn.Module) -> list:
+    return [
+        (k, _describe(v))
+        for k, v in sorted(vars(module).items())
+        if not k.startswith("_") or k == "_attn_implementation"
+    ]
+
+
+def _closure(cls) -> list[str]:
+    """What ``forward`` closes over (a class made in a function per op shares its source)."""
+    cells = getattr(getattr(cls, "forward", None), "__closure__", None) or ()
+    return [_describe(c.cell_contents) for c in cells]
+
+
+def fingerprint(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options) -> str | None:
+    """The cache key of compiling ``model`` on these examples, or None when it has none."""
+    if not isinstance(model, torch.nn.Module) or dynamic_shapes is not None:
+        return None
+    h = hashlib.sha256()
+
+    def add(*parts) -> None:
+        for p in parts:
+            h.update(repr(p).encode())
+            h.update(b"\0")
+
+    add(FORMAT, VERSION, torch.__version__, sorted(vars(options).items()))
+    try:
+        for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
+            add(cls.__module__, cls.__qualname__, inspect.getsource(cls), _closure(cls))
+    except (OSError, TypeError, ValueError):
+        return None  # a class without source (defined interactively): no safe key
+    for name, m in model.named_modules():
+        add(name, type(m).__qualname__, m.training, _plain_attrs(m))
+        config = getattr(m, "config", None)
+        if name == "" and hasattr(config, "to_json_string"):
+            add(config.to_json_string())
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        add(name, tuple(t.shape), str(t.dtype))
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    add(str(spec))
+    for leaf in leaves:
+        if not isinstance(leaf, torch.Tensor):
+            return None  # constants in the inputs are compiled in: not worth the risk
+        add(tuple(leaf.shape), str(leaf.dtype))
+    return h.hexdigest()[:32]
+
+
+def _entry_path(key: str) -> Path:
+    folder = cache_dir() / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{key}.json"
+
+
+def store(key: str, model, module) -> None:
+    """Write the entry for an ``OptimizedModule`` whose call is direct; else do nothing."""
+    direct = getattr(module, "_direct", None)
+    report: CompileReport = module.report
+    if direct is None or len(report.clusters) != 1 or report.fallbacks:
+        return
+    if not module._flat_inputs.ok:
+        return  # nested inputs: the restored module could not flatten them
+    cluster = direct.cluster
+    if cluster.extra_symbols or any(
+        kind == "const" and not isinstance(v, _PLAIN) for kind, v in direct.outputs
+    ):
+        return
+    constants = {}
+    for name, value in cluster.graph.params.items():
+        if _resolve(model, name) is None:
+            constants[name] = value
+    binder = direct.prologue.binder
+    entry = {
+        "graph": print_graph(cluster.graph),
+        "names": direct.prologue.names,
+        "specs": [[s.name, str(s.dtype), [format_dim(d) for d in s.shape]] for s in binder.specs],
+        "ranges": {k: list(v) for k, v in binder.store.ranges.items()},
+        "guards": [
+            [g.op, format_dim(g.lhs), format_dim(g.rhs), g.reason] for g in binder.store.guards
+        ],
+        "order": direct.order,
+        "outputs": [list(o) for o in direct.outputs],
+        "in_spec": pytree.treespec_dumps(module._in_spec),
+        "out_spec": pytree.treespec_dumps(direct.out_spec),
+        "aten_ops": report.clusters[0].aten_ops,
+        "facts": report.facts,
+        "constants": sorted(constants),
+    }
+    path = _entry_path(key)
+    try:
+        if constants:
+            np.savez(path.with_suffix(".tmp.npz"), **constants)
+            os.replace(path.with_suffix(".tmp.npz"), path.with_suffix(".npz"))
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(entry))
+        os.replace(tmp, path)
+    except (OSError, TypeError, ValueError):
+        return  # a cache that cannot be written is only a slower next start
+
+
+def _resolve(model, name: str):
+    obj = model
+    for part in name.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if isinstance(obj, torch.Tensor) else None
+
+
+def restore(key: str, model, options: Options):
+    """(direct plan, in_spec, report) from the entry for ``key``, or None (missing or unusable)."""
+    from ..frontends.torch.lowering import tensor_to_numpy
+
+    path = _entry_path(key)
+    if not path.exists():
+        return None
+    try:
+        entry = json.loads(path.read_text())
+        constants = np.load(path.with_suffix(".npz")) if entry["constants"] else {}
+        graph = parse_graph(entry["graph"])
+        for node in graph.nodes():
+            if node.op == "param":
+                name = node.attr("name")
+                live = _resolve(model, name)
+                value = tensor_to_numpy(live) if live is not None else constants[name]
+                if value.shape != tuple(node.shape) or DType.from_numpy(value.dtype) != node.dtype:
+                    return None  # the model changed in a way the key did not see
+                graph.params[name] = value
+        cluster = CompiledCluster.from_graph(graph, options)
+        store_ = ConstraintStore()
+        for sym, (lo, hi) in entry["ranges"].items():
+            store_.add_symbol(sym, lo, hi)
+        for op, lhs, rhs, reason in entry["guards"]:
+            store_.guards.append(Guard(op, parse_expr(lhs), parse_expr(rhs), reason))
+        specs = [
+            InputSpec(
+                n,
+                DType.parse(dt),
+                tuple(int(d) if d.lstrip("-").isdigit() else parse_expr(d) for d in dims),
+            )
+            for n, dt, dims in entry["specs"]
+        ]
+        prologue = ModelPrologue(
+            entry["names"], ShapeBinder(specs, store_, what="the compiled model")
+        )
+        direct = DirectPlan(
+            prologue,
+            cluster,
+            entry["order"],
+            [tuple(o) for o in entry["outputs"]],
+            pytree.treespec_loads(entry["out_spec"]),
+        )
+        report = CompileReport(
+            clusters=[ClusterInfo("cluster0", entry["aten_ops"], cluster)],
+            input_specs=specs,
+            facts=entry["facts"] + ["restored from the model cache (capture skipped)"],
+        )
+        return direct, pytree.treespec_loads(entry["in_spec"]), report
+    except Exception:  # a stale, partial or foreign entry: forget it, compile afresh
+        drop(key)
+        return None
+
+
+def drop(key: str) -> None:
+    path = _entry_path(key)
+    for p in (path, path.with_suffix(".npz")):
+        try:
+            p.unlink()
+        except OSError:
+            pass

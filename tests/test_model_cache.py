@@ -1,0 +1,156 @@
+"""The model cache of plugin mode: the second optimize() of a model skips capture.
+
+A model that compiled into one directly-called cluster is stored (its IR after
+the passes, prologue and output structure; never its weights). Optimizing the
+same model again, in this process or a new one, restores it without
+torch.export, reads the current weights, and checks it against eager on the
+example first. Changed models miss; corrupt or stale entries are dropped and
+the model compiles from scratch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import anyshape
+from anyshape.frontends.torch import capture
+
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ANYSHAPE_CACHE_DIR", str(tmp_path / "cache"))
+    anyshape.reset_stats()
+
+
+def _bert(eps=1e-12, seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.BertConfig(
+        num_hidden_layers=1,
+        hidden_size=32,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=50,
+        layer_norm_eps=eps,
+    )
+    return transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+
+def _inputs(b, s):
+    g = torch.Generator().manual_seed(b * 100 + s)
+    return {
+        "input_ids": torch.randint(0, 50, (b, s), generator=g),
+        "attention_mask": torch.ones(b, s, dtype=torch.long),
+    }
+
+
+def _entries(tmp_path) -> list[Path]:
+    return sorted((tmp_path / "cache" / "models").glob("*.json"))
+
+
+def _check(opt, model):
+    for b, s in [(1, 1), (3, 7), (2, 19)]:
+        x = _inputs(b, s)
+        torch.testing.assert_close(opt(**x).last_hidden_state, model(**x).last_hidden_state, **TOL)
+
+
+def test_second_optimize_restores_without_capture(tmp_path, monkeypatch):
+    anyshape.optimize(_bert(), _inputs(2, 8))
+    assert len(_entries(tmp_path)) == 1
+    assert anyshape.stats()["model_cache_hits"] == 0
+
+    def no_capture(*a, **k):
+        raise AssertionError("capture ran on a cache hit")
+
+    monkeypatch.setattr(capture, "capture_export", no_capture)
+    other = _bert(seed=1)  # same model, other weights: read live, not from the entry
+    anyshape.reset_stats()
+    opt = anyshape.optimize(other, _inputs(2, 8))
+    assert anyshape.stats()["model_cache_hits"] == 1
+    assert anyshape.stats()["compilations"] == 1
+    assert anyshape.stats()["native_builds"] == 0
+    _check(opt, other)
+    assert "restored from the model cache" in str(opt.explain())
+
+
+def test_new_process_hits_the_cache(tmp_path):
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import sys, torch, anyshape\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_model_cache import _bert, _inputs\n"
+        "model = _bert()\n"
+        "opt = anyshape.optimize(model, _inputs(2, 8))\n"
+        "x = _inputs(3, 11)\n"
+        "err = (opt(**x).last_hidden_state - model(**x).last_hidden_state).abs().max().item()\n"
+        "print(anyshape.stats()['model_cache_hits'], err)\n"
+    )
+    env = {**__import__("os").environ, "ANYSHAPE_CACHE_DIR": str(tmp_path / "cache")}
+    runs = []
+    for _ in range(2):
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        hits, err = done.stdout.split()
+        runs.append((int(hits), float(err)))
+    assert [h for h, _ in runs] == [0, 1]
+    assert all(e < 1e-4 for _, e in runs)
+
+
+def test_changed_model_misses(tmp_path):
+    anyshape.optimize(_bert(), _inputs(2, 8))
+    opt = anyshape.optimize(_bert(eps=1e-5), _inputs(2, 8))  # a config value changed
+    assert anyshape.stats()["model_cache_hits"] == 0
+    assert len(_entries(tmp_path)) == 2
+    anyshape.optimize(_bert(), _inputs(2, 9))  # another example shape
+    assert anyshape.stats()["model_cache_hits"] == 0
+    _check(opt, _bert(eps=1e-5))
+
+
+def test_corrupt_entry_is_dropped_and_recompiled(tmp_path):
+    model = _bert()
+    anyshape.optimize(model, _inputs(2, 8))
+    (entry,) = _entries(tmp_path)
+    entry.write_text(entry.read_text()[:100])  # truncated
+    opt = anyshape.optimize(model, _inputs(2, 8))
+    assert anyshape.stats()["model_cache_hits"] == 0
+    _check(opt, model)
+    assert anyshape.optimize(model, _inputs(2, 8)) is not None  # rewritten: hits again
+    assert anyshape.stats()["model_cache_hits"] == 1
+
+
+class Double(torch.nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+class Triple(torch.nn.Module):
+    def forward(self, x):
+        return x * 3
+
+
+def test_stale_entry_is_caught_by_the_eager_check(tmp_path):
+    from anyshape.config import Options
+    from anyshape.plugin import model_cache
+
+    x = torch.randn(3, 4)
+    anyshape.optimize(Double(), (x,))
+    (entry,) = _entries(tmp_path)
+    key = model_cache.fingerprint(Triple(), (x,), {}, None, Options.from_env())
+    entry.rename(entry.with_name(f"{key}.json"))  # Double's graph under Triple's key
+    opt = anyshape.optimize(Triple(), (x,))
+    assert anyshape.stats()["model_cache_hits"] == 0
+    torch.testing.assert_close(opt(torch.ones(2, 5)), torch.full((2, 5), 3.0))
+
+
+def test_model_cache_off_writes_nothing(tmp_path):
+    anyshape.optimize(_bert(), _inputs(2, 8), model_cache=False)
+    assert _entries(tmp_path) == []
