@@ -37,11 +37,10 @@ def plan_stitches(
     order = {id(n): k for k, n in enumerate(nodes)}
     groups: dict[int, list[Node]] = {}
     buffered: dict[int, list[Node]] = {}
-    taken: set[int] = set()
-    for root in reversed(nodes):  # consumers first: the outermost root claims its group
+    # Consumers first: the outermost root claims its group, and a root swallowed by
+    # an earlier group (recomputed there) is no longer stored, so it is skipped.
+    for root in reversed(nodes):
         if id(root) not in mat or root.op in _NOT_POINTWISE or root.rank == 0:
-            continue
-        if id(root) in taken:
             continue
         blocked: set[int] = set()  # stored values the group reads from memory after all
         while True:
@@ -54,7 +53,6 @@ def plan_stitches(
             continue
         for n in unmaterialized:
             mat.discard(id(n))
-            taken.add(id(n))
         groups[id(root)] = sorted(broadcasts, key=lambda b: order[id(b)])
         kept = [n for n in unmaterialized if n.op != "reduce" and n.dtype == root.dtype]
         buffered[id(root)] = sorted(kept, key=lambda n: order[id(n)])
