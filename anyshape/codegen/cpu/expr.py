@@ -137,6 +137,37 @@ class KernelScope:
         ct = compute_type(node.dtype)
         return raw if ct == c_type(node.dtype) else f"(({ct}){raw})"
 
+    def _flat_value(self, x: Node, flat: str) -> str | None:
+        """``x`` at row-major offset ``flat``, if it is elementwise over same-shaped buffers."""
+        if self.sched.is_materialized(x):
+            return self.load_flat(x, flat)
+        shape = tuple(x.shape)
+        if not x.inputs or any(tuple(i.shape) != shape for i in x.inputs):
+            return None
+        args = []
+        for i in x.inputs:
+            v = self._flat_value(i, flat)
+            if v is None:
+                return None
+            args.append(v)
+        t = compute_type(x.dtype)
+        if x.op == "convert":
+            return f"({args[0]} != 0)" if x.dtype.is_bool else f"(({t})({args[0]}))"
+        if x.op in UNARY:
+            return UNARY[x.op].format(args[0], t=t)
+        if x.op in BINARY:
+            logic = x.inputs[0].dtype.is_bool and x.op in BOOL_LOGIC
+            return (BOOL_LOGIC if logic else BINARY)[x.op].format(*args)
+        if x.op == "select":
+            return f"({args[0]} ? {args[1]} : {args[2]})"
+        return None
+
+    def load_flat(self, node: Node, offset: str) -> str:
+        raw = f"((const {c_type(node.dtype)}*){self.ptr(node)})[{offset}]"
+        ct = compute_type(node.dtype)
+        expr = raw if ct == c_type(node.dtype) else f"(({ct}){raw})"
+        return expr if _is_simple(expr) else self.tmp(ct, expr)
+
     def value(self, node: Node, idx: tuple[str, ...]) -> str:
         key = (id(node), tuple(idx))
         hit = self.memo.get(key)
@@ -228,8 +259,16 @@ class KernelScope:
         x = n.inputs[0]
         if tuple(x.shape) == tuple(n.shape):
             return self.value(x, idx)
+        groups = _reshape_groups(tuple(n.shape), tuple(x.shape))
+        if any(len(o) > 1 or len(i) > 1 for o, i in groups):
+            # Buffers are row-major either way: when x is elementwise over buffers of its
+            # own shape, read them at the flat index instead of splitting it into x's
+            # dims (a divide and a modulo per element, which also block vectorizing).
+            flat = self._flat_value(x, self._linear(tuple(n.shape), idx))
+            if flat is not None:
+                return flat
         src: list[str] = []
-        for out_dims, in_dims in _reshape_groups(tuple(n.shape), tuple(x.shape)):
+        for out_dims, in_dims in groups:
             if len(out_dims) == 1 and len(in_dims) == 1:
                 src.append(idx[out_dims[0]])
                 continue

@@ -29,6 +29,8 @@ CHEAP_OPS = {"constant", "iota", "shape_scalar"}
 INDEX_OPS = {"broadcast_in_dim", "transpose", "slice", "reshape"}
 # Recomputing a value in each consumer is fine up to this much work (ops, transcendentals x8).
 RECOMPUTE_BUDGET = 4
+# A broadcast value at least this costly is computed once at its own size, not per copy.
+HOIST_COST = 2
 EXPENSIVE_OPS = {
     op: 8 for op in ("exp", "log", "erf", "tanh", "sigmoid", "pow", "sin", "cos", "log1p", "expm1")
 }
@@ -63,6 +65,15 @@ def _swaps_last_two(node: Node) -> bool:
     perm = node.attr("perm")
     r = len(perm)
     return r >= 2 and tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def _expands(b: Node) -> bool:
+    """Whether a broadcast copies its input along some dim (statically > 1 copies)."""
+    x, dims = b.inputs[0], tuple(b.attr("dims"))
+    for i, d in enumerate(dims):
+        if x.shape[i] == 1 and b.shape[d] != 1:
+            return True
+    return any(b.shape[d] != 1 for d in range(b.rank) if d not in dims)
 
 
 def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
@@ -141,8 +152,35 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
             continue
         mat.add(id(n))
         cost.clear()
+    before = set(mat)
     if stitch:
         sched.stitches, sched.row_buffered = plan_stitches(nodes, mat, consumers, outputs)
+    unstored = before - mat  # reductions and values a stitch kernel now computes per row
+
+    def region_unstored(x: Node) -> bool:
+        stack, seen = [x], set()
+        while stack:
+            n = stack.pop()
+            if id(n) in unstored:
+                return True
+            if id(n) in seen or id(n) in mat:
+                continue
+            seen.add(id(n))
+            stack.extend(n.inputs)
+        return False
+
+    # A value computed in a loop and then broadcast to a bigger shape would be recomputed
+    # for every copy (BERT's padding mask, [b, 1, 1, s], once per head and query row):
+    # compute it once, at its own size.
+    for n in nodes:
+        if n.op != "broadcast_in_dim" or id(n) in mat:
+            continue
+        x = n.inputs[0]
+        if id(x) in mat or recomputable(x) or fused_cost(x) < HOIST_COST or not _expands(n):
+            continue
+        if not region_unstored(x):
+            mat.add(id(x))
+            cost.clear()
     sched._mat = mat
     sched.materialized = [n for n in nodes if id(n) in mat]
     sched.kernels = [
