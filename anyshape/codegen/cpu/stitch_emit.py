@@ -110,47 +110,56 @@ class StitchScope(KernelScope):
 
 
 def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[str]:
+    """Rows split into one contiguous range per thread; indices stepped, row buffer taken once.
+
+    Short rows (attention's 128) made per-row costs visible: a collapsed OpenMP nest
+    recovers its indices with divisions, and the scratch lookup is a TLS call.
+    """
     names = tuple(_loop_vars(root.rank))
     rows, last = names[:-1], names[-1]
-    lines: list[str] = []
-    if rows:
-        work = scope.dim(root.type.numel)
-        collapse = f"collapse({len(rows)}) " if len(rows) > 1 else ""
-        lines.append(
-            f"#pragma omp parallel for {collapse}schedule(static) if(({work}) > {PARALLEL_WORK})"
-        )
-        lines.append(
-            " ".join(
-                f"for (int64_t {v} = 0; {v} < {scope.dim(d)}; ++{v})"
-                for v, d in zip(rows, root.shape[:-1])
-            )
-            + " {"
-        )
-
+    extents = [scope.dim(d) for d in root.shape[:-1]]
     scope.row_names = rows
     scope.row_loops.add(last)
     buffered = len(scope.row_slots)
+    t = c_type(root.dtype)
+    n = scope.dim(root.shape[-1])
+    lines: list[str] = []
+    if rows:
+        work = scope.dim(root.type.numel)
+        total = " * ".join(f"({e})" for e in extents)
+        lines += [
+            f"#pragma omp parallel if(({work}) > {PARALLEL_WORK})",
+            "{",
+            f"  const int64_t rows = {total};",
+            "  const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();",
+            "  const int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;",
+        ]
+        # The first row's indices, then each row steps them like an odometer.
+        rest = "lo"
+        for k in range(len(rows) - 1, -1, -1):
+            lines.append(f"  int64_t {rows[k]} = {rest}" + (f" % ({extents[k]});" if k else ";"))
+            rest = f"{rest} / ({extents[k]})" if k else rest
+    if buffered:
+        lines.append(f"  {t}* rb = ({t}*)as_scratch((int64_t)sizeof({t}) * {buffered} * {n});")
+        lines.append("  if (!rb) err_flag = 3;" if rows else "  if (!rb) return 3;")
+    if rows:
+        guard = "rb && " if buffered else ""
+        lines.append(f"  for (int64_t row = lo; {guard}row < hi; ++row) {{")
 
     def row():
-        if buffered:
-            t = c_type(root.dtype)
-            n = scope.dim(root.shape[-1])
-            scope.lines.append(
-                f"{t}* rb = ({t}*)as_scratch((int64_t)sizeof({t}) * {buffered} * {n});"
-            )
-            scope.lines.append(
-                "if (!rb) { err_flag = 3; continue; }" if rows else "if (!rb) return 3;"
-            )
         for b in broadcasts:  # the reductions, once per row (memoized for the loop below)
             scope.value(b, rows + ("0",))
         scope.row_values = set(scope.memo.values())
-        n = scope.dim(root.shape[-1])
         scope.lines.append(f"for (int64_t {last} = 0; {last} < {n}; ++{last}) {{")
         inner = _body(scope, lambda: _store(scope, root, names, scope._fused(root, names)))
         scope.lines += _indent(inner, 1) + ["}"]
         return ""
 
-    lines += _indent(_body(scope, row), 1 if rows else 0)
+    lines += _indent(_body(scope, row), 2 if rows else 0)
     if rows:
-        lines.append("}")
+        step = ""
+        for k in range(len(rows) - 1, 0, -1):
+            step += f"if (++{rows[k]} == {extents[k]}) {{ {rows[k]} = 0; "
+        step += f"++{rows[0]};" + " }" * (len(rows) - 1)
+        lines += [f"    {step}", "  }", "}"]
     return lines
