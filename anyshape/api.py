@@ -107,10 +107,9 @@ class OptimizedModule(torch.nn.Module):
         return ProfileReport([t for c in self.report.clusters for t in c.compiled.read_profile()])
 
 
-def _compile(model, example_inputs, dynamic_shapes, options: Options):
+def _compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):
     from .frontends.torch.capture import capture_export, needs_widening, widen_example
 
-    args, kwargs = _split_inputs(example_inputs)
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         try:
             captured = capture_export(model, widen_example(args), widen_example(kwargs))
@@ -192,7 +191,7 @@ def optimize(
                 bump("compiled_ops", sum(module.report.clusters[0].aten_ops.values()))
                 return module
             model_cache.drop(key)
-    gm, report = _compile(model, example_inputs, dynamic_shapes, opts)
+    gm, report = _compile(model, args, kwargs, dynamic_shapes, opts)
     module = OptimizedModule(gm, report, name)
     if key is not None:
         model_cache.store(key, model, module)

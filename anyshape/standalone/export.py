@@ -98,30 +98,22 @@ def export_program(program, *, target: str = "portable", **options) -> Artifact:
 
 
 def _agrees_with_eager(artifact: Artifact, model, args, kwargs) -> bool:
+    """Plugin mode's check of a widened capture, run on the artifact itself."""
     import torch
     import torch.utils._pytree as pytree
 
-    flat = [t.detach().numpy() for t in pytree.tree_leaves((args, kwargs))]
-    try:
-        got = artifact.load()(*flat)
-    except Exception:  # any failure on the user's own example means: recapture from it
-        return False
-    with torch.no_grad():
-        want = [
-            w for w in pytree.tree_leaves(model(*args, **kwargs)) if isinstance(w, torch.Tensor)
-        ]
-    if len(got) != len(want):
-        return False
-    for g, w in zip(got, want):
-        w = w.numpy()
-        if g.shape != w.shape or g.dtype != w.dtype:
-            return False
-        if not np.allclose(g, w, rtol=1e-3, atol=1e-3, equal_nan=True):
-            return False
-    return True
+    from ..api import _agrees_with_eager as plugin_check
+
+    def run(*a, **k):
+        flat = [t.detach().numpy() for t in pytree.tree_leaves((a, k))]
+        return tuple(torch.from_numpy(o) for o in artifact.load()(*flat))
+
+    return plugin_check(model, run, args, kwargs)
 
 
 def _build(captured, options: Options, target: Target, model_name: str) -> Artifact:
+    import torch
+
     from ..frontends.torch.lowering import lower_cluster
     from ..plugin.compiled_cluster import graph_symbols
     from ..plugin.partition import is_op_node, plan_partitions
@@ -142,7 +134,7 @@ def _build(captured, options: Options, target: Target, model_name: str) -> Artif
         )
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for p in placeholders:
-        if not isinstance(p.meta.get("val"), torch_tensor_type()):
+        if not isinstance(p.meta.get("val"), torch.Tensor):
             raise UnsupportedError(
                 f"input {p.name!r} is not a tensor ({type(p.meta.get('val')).__name__}); "
                 "standalone models take tensors only"
@@ -191,12 +183,6 @@ def _build(captured, options: Options, target: Target, model_name: str) -> Artif
     for rec, w in zip(manifest.params, weights):
         rec.nbytes = w.nbytes  # offsets are laid out when the file is written
     return Artifact(manifest, library, weights)
-
-
-def torch_tensor_type():
-    import torch
-
-    return torch.Tensor
 
 
 def _flat_outputs(value) -> list:

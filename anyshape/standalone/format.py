@@ -270,4 +270,6 @@ def read_artifact(path: str | Path, verify_weights: bool = True) -> ArtifactFile
         raise ArtifactError(f"{path} is corrupt: weights checksum mismatch")
     manifest = Manifest.parse(text.decode("utf-8", errors="replace"))
     isa = isa_raw.rstrip(b"\0").decode("ascii", errors="replace")
+    if isa != manifest.isa:
+        raise ArtifactError(f"{path} is corrupt: header ISA {isa!r} vs manifest {manifest.isa!r}")
     return ArtifactFile(path, isa, manifest, library, weights, data)
