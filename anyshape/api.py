@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 from .config import Options
 from .errors import AnyshapeError, InputError
 from .plugin.compile import CompileReport, compile_graph
-from .plugin.direct import FlatInputs, plan_direct
+from .plugin.direct import FlatInputs, native_call, plan_direct
 from .plugin.explain import ExplainReport
 from .plugin.profile import ProfileReport
 from .stats import bump
@@ -47,6 +47,7 @@ class OptimizedModule(torch.nn.Module):
         self._in_spec = getattr(graph_module, "_in_spec", None)
         self._flat_inputs = FlatInputs(self._in_spec)
         self._direct = plan_direct(graph_module)
+        self._native_call = native_call(self._direct, self._flat_inputs) if self._direct else None
 
     @classmethod
     def restored(cls, direct, in_spec, report: CompileReport, name: str) -> OptimizedModule:
@@ -61,9 +62,14 @@ class OptimizedModule(torch.nn.Module):
         module._in_spec = in_spec
         module._flat_inputs = FlatInputs(in_spec)
         module._direct = direct
+        module._native_call = native_call(direct, module._flat_inputs)
         return module
 
     def forward(self, *args, **kwargs):
+        if self._native_call is not None:
+            result = self._native_call(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
         flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
         if flat is not None:
             return self._direct(flat)

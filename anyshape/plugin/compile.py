@@ -77,6 +77,23 @@ def _model_prologue(gm: fx.GraphModule, ranges, guards) -> ModelPrologue:
     return ModelPrologue(names, ShapeBinder(specs, store, what="the compiled model"))
 
 
+def _add_guards(graph, guards) -> None:
+    """Guards over symbols the cluster's own inputs carry, checked again in its prologue.
+
+    Harmless where the model prologue already ran, and what lets a whole-model
+    cluster be called without it (``plugin/direct.py``).
+    """
+    bound = set()
+    for n in graph.inputs:
+        for d in n.shape:
+            if not isinstance(d, int):
+                bound |= d.free_symbols
+    known = {str(g) for g in graph.constraints.guards}
+    for g in guards:
+        if (g.lhs.free_symbols | g.rhs.free_symbols) <= bound and str(g) not in known:
+            graph.constraints.guards.append(g)
+
+
 def compile_graph(
     gm: fx.GraphModule,
     ranges: dict,
@@ -105,6 +122,7 @@ def compile_graph(
         name = f"cluster{len(built)}"
         try:
             lowered = lower_cluster(nodes, gm, name, ranges)
+            _add_guards(lowered.graph, guards)
             compiled = CompiledCluster(lowered, options)
             unbound = [s for s in compiled.extra_symbols if s not in sources]
             if unbound:

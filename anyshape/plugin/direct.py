@@ -8,6 +8,11 @@ recognises that shape of assembled graph and returns a ``DirectPlan``, or
 ``None`` (the assembled ``GraphModule`` then runs as usual). ``FlatInputs``
 flattens ``(args, kwargs)`` without torch's general pytree machinery when the
 example inputs were plain tensors and keywords.
+
+When the cluster is a native library whose own prologue checks everything the
+model prologue does (every input, the same dims, ranges and guards), the plan
+also carries ``fast``: the same call done entirely in C (``runtime/torchcall.c``),
+which hands any call off its common path back to the Python one.
 """
 
 from __future__ import annotations
@@ -105,3 +110,64 @@ def plan_direct(gm: fx.GraphModule) -> DirectPlan | None:
             outputs.append(("const", o))
     order = [placeholders[a] for a in call.args]
     return DirectPlan(prologue, cluster, order, outputs, out_spec)
+
+
+def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
+    """``plan`` as one ``TorchCall`` taking the model's ``(*args, **kwargs)``, or ``None``.
+
+    ``None`` unless the inputs are plain leaves, the cluster is a native library
+    with no run-time symbols and no pass-through outputs, and its prologue checks
+    all the model prologue does: every input, with the same dims, ranges and guards.
+    """
+    from ..frontends.torch.symbols import TORCH_TO_DTYPE
+    from ..runtime.fastcall import fastcall
+    from ..runtime.native import KernelError
+
+    cluster, executable = plan.cluster, plan.cluster.native
+    module = fastcall()
+    if not flat_inputs.ok or module is None or executable is None or cluster.extra_symbols:
+        return None
+    library = executable.native
+    if library._fast is None or any(s < 0 for s in executable.output_slots):
+        return None
+    model, unit = plan.prologue.binder, cluster.binder
+    if sorted(plan.order) != list(range(len(model.specs))):
+        return None  # an input the cluster does not read: only the model prologue checks it
+    for k, i in enumerate(plan.order):
+        a, b = model.specs[i], unit.specs[k]
+        if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
+            return None
+    if not set(model.ranges) <= set(unit.ranges):
+        return None
+    if not {str(g) for g in model.store.guards} <= {str(g) for g in unit.store.guards}:
+        return None
+    to_torch = {dt: t for t, dt in TORCH_TO_DTYPE.items()}
+    kinds = {"cluster": 0, "input": 1, "const": 2}
+    outputs = tuple(
+        (0, executable.output_slots[v]) if kind == "cluster" else (kinds[kind], v)
+        for kind, v in plan.outputs
+    )
+    spec = plan.out_spec
+    if spec.is_leaf():
+        form = 0
+    elif spec.type is tuple and all(c.is_leaf() for c in spec.children()):
+        form = 1
+    else:
+        form = 2
+    main, free, params = library._fast_args
+    return module.TorchCall(
+        main,
+        free,
+        params,
+        flat_inputs.num_args,
+        tuple(flat_inputs.keys),
+        tuple(plan.order),
+        tuple(to_torch[s.dtype] for s in unit.specs),
+        library._out_types,
+        outputs,
+        form,
+        lambda values: pytree.tree_unflatten(values, spec),
+        (torch.Tensor, torch.nn.Parameter),
+        torch.from_numpy,
+        KernelError,
+    )

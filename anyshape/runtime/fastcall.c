@@ -10,6 +10,7 @@
 #include <Python.h>
 #define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
 #include <numpy/arrayobject.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define AS_MAX_RANK 8
@@ -149,15 +150,4 @@ done:
   if (held) PyMem_Free(held);
   if (ins && ins != stack_in) PyMem_Free(ins);
   return result;
-}
-
-static PyMethodDef methods[] = {
-    {"call", call, METH_VARARGS, "Run one compiled graph on NumPy arrays."}, {NULL, NULL, 0, NULL}};
-
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_anyshape_fastcall", NULL, -1,
-                                    methods};
-
-PyMODINIT_FUNC PyInit__anyshape_fastcall(void) {
-  import_array();
-  return PyModule_Create(&module);
 }

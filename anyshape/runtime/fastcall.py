@@ -1,7 +1,9 @@
 """The fast path of a native call: a small CPython extension, built on first use.
 
-Sits under ``native``. ``fastcall()`` returns the ``_anyshape_fastcall`` module
-(``fastcall.c``), built with the system compiler against this Python's and
+Sits under ``native`` and plugin mode's direct call path. ``fastcall()`` returns
+the ``_anyshape_fastcall`` module -- ``call`` for NumPy arrays (``fastcall.c``)
+and ``TorchCall``, a whole plugin-mode model call on torch tensors
+(``torchcall.c``; module definition in ``fastcall_module.c``) -- built with the system compiler against this Python's and
 NumPy's headers through the content-addressed build cache, or ``None`` when it
 cannot be built (no Python headers): callers then use the ctypes path, which
 does the same work at a few more microseconds per call. ``ANYSHAPE_FASTCALL=0``
@@ -29,7 +31,9 @@ def fastcall():
     from ..codegen.cpu.build import build_cached
     from ..errors import AnyshapeError
 
-    source = resources.files(__package__).joinpath("fastcall.c").read_text()
+    here = resources.files(__package__)
+    parts = ("fastcall.c", "torchcall.c", "fastcall_module.c")  # one unit, in this order
+    source = "\n".join(here.joinpath(p).read_text() for p in parts)
     flags = [
         "-O2",
         "-fPIC",

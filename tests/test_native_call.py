@@ -1,0 +1,139 @@
+"""Plugin mode's call done in C (runtime/torchcall.c): used when it covers the model's checks,
+and every call off its common path gets the general path's result or error."""
+
+import threading
+
+import pytest
+import torch
+
+import anyshape
+
+
+class AddNorm(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(16)
+
+    def forward(self, x, residual):
+        return self.norm(x + residual)
+
+
+class TwoOutputs(torch.nn.Module):
+    def forward(self, x, y):
+        return {"sum": x + y, "pair": (torch.relu(x), y)}
+
+
+class UnusedInput(torch.nn.Module):
+    def forward(self, x, unused):
+        return x * 2
+
+
+def _compiled(model, *example):
+    return anyshape.optimize(model.eval(), example)
+
+
+def test_whole_model_cluster_takes_the_native_call_and_matches_eager():
+    model = AddNorm().eval()
+    opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
+    assert opt._native_call is not None
+    for rows in [1, 5, 0, 64]:
+        x, r = torch.randn(rows, 16), torch.randn(rows, 16)
+        got = opt(x, r)
+        assert type(got) is torch.Tensor
+        torch.testing.assert_close(got, model(x, r))
+        # The C path answered: calling it directly gives a tensor, not NotImplemented.
+        assert isinstance(opt._native_call(x, r), torch.Tensor)
+
+
+def test_keywords_in_any_order_and_nested_outputs():
+    model = TwoOutputs()
+    opt = anyshape.optimize(model, {"x": torch.randn(2, 3), "y": torch.randn(2, 3)})
+    assert opt._native_call is not None
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    got = opt(y=y, x=x)
+    want = model(x=x, y=y)
+    assert set(got) == {"sum", "pair"} and isinstance(got["pair"], tuple)
+    torch.testing.assert_close(got["sum"], want["sum"])
+    torch.testing.assert_close(got["pair"][0], want["pair"][0])
+    assert got["pair"][1] is y  # an input returned as is stays the caller's tensor
+
+
+def test_calls_off_the_common_path_are_handed_back():
+    model = AddNorm().eval()
+    opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
+    x, r = torch.randn(16, 6).t(), torch.randn(6, 16)  # non-contiguous
+    assert opt._native_call(x, r) is NotImplemented
+    torch.testing.assert_close(opt(x, r), model(x, r))
+    p = torch.nn.Parameter(torch.randn(2, 16))  # a Parameter is taken as is
+    torch.testing.assert_close(opt(p, r[:2]), model(p, r[:2]))
+    g = torch.randn(2, 16, requires_grad=True)
+    torch.testing.assert_close(opt(g, r[:2]), model(g, r[:2]).detach())
+    assert opt._native_call(x=x.contiguous(), residual=r) is NotImplemented  # positional example
+
+
+def test_bad_inputs_raise_the_model_level_errors():
+    opt = _compiled(AddNorm(), torch.randn(3, 16), torch.randn(3, 16))
+    with pytest.raises(anyshape.InputError, match=r"input 'residual' dim 0: expected 3 .* got 4"):
+        opt(torch.randn(3, 16), torch.randn(4, 16))
+    with pytest.raises(anyshape.InputError, match=r"input 'x' dim 1: expected 16"):
+        opt(torch.randn(3, 15), torch.randn(3, 15))
+    with pytest.raises(anyshape.InputError, match=r"input 'x' has dtype f64, expected f32"):
+        opt(torch.randn(3, 16, dtype=torch.float64), torch.randn(3, 16))
+    with pytest.raises(anyshape.InputError, match=r"input 'x' must be a tensor"):
+        opt([1.0] * 16, torch.randn(1, 16))
+    with pytest.raises(anyshape.InputError, match=r"expects 2 inputs"):
+        opt(torch.randn(3, 16))
+
+
+def test_guards_the_trace_relied_on_are_checked_in_the_native_prologue():
+    class Regroup(torch.nn.Module):
+        def forward(self, x, y):
+            return x.reshape(-1, 4) + y
+
+    model = Regroup()
+    opt = _compiled(model, torch.randn(2, 8), torch.randn(4, 4))
+    assert any("mod(" in f for f in opt.report.facts)  # element count divisible by 4
+    assert opt._native_call is not None
+    x, y = torch.randn(4, 6), torch.randn(6, 4)
+    torch.testing.assert_close(opt(x, y), model(x, y))
+    bad = torch.randn(3, 5), torch.randn(3, 4)
+    assert opt._native_call(*bad) is NotImplemented  # the native prologue refuses it
+    with pytest.raises(anyshape.InputError, match=r"mod\(s\d+\*s\d+, 4\) == 0"):
+        opt(*bad)
+
+
+def test_an_input_the_cluster_does_not_read_keeps_the_python_prologue():
+    opt = _compiled(UnusedInput(), torch.randn(2, 3), torch.randn(4))
+    assert opt._native_call is None
+    with pytest.raises(anyshape.InputError, match=r"input 'unused' has rank 2"):
+        opt(torch.randn(2, 3), torch.randn(4, 4))
+
+
+def test_threads_share_one_native_call():
+    model = AddNorm().eval()
+    opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
+    errors = []
+
+    def work(seed):
+        g = torch.Generator().manual_seed(seed)
+        for k in range(50):
+            rows = 1 + (seed * 7 + k) % 9
+            x, r = torch.randn(rows, 16, generator=g), torch.randn(rows, 16, generator=g)
+            if not torch.allclose(opt(x, r), model(x, r), atol=1e-5, rtol=1e-5):
+                errors.append((seed, k))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_outputs_outlive_later_calls_and_free_their_memory():
+    opt = _compiled(AddNorm(), torch.randn(3, 16), torch.randn(3, 16))
+    first = opt(torch.ones(2, 16), torch.zeros(2, 16))
+    kept = first.clone()
+    for _ in range(100):
+        opt(torch.randn(2, 16), torch.randn(2, 16))
+    torch.testing.assert_close(first, kept)
