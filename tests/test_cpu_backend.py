@@ -138,6 +138,19 @@ def test_vectorized_math_accuracy(name, fn, ref, span, kind, bound):
     torch.testing.assert_close(opt(special), fn(special), equal_nan=True)
 
 
+def test_exp_ends_overflow_and_subnormal_like_torch():
+    opt = anyshape.optimize(Unary(torch.exp).eval(), (torch.randn(16),), backend="cpu")
+    big = torch.tensor([88.0, 88.5, 88.72, 88.7228, 88.73, 88.8, 89.0, 100.0, 1e30])
+    got, want = opt(big), torch.exp(big)
+    assert torch.equal(torch.isinf(got), torch.isinf(want))
+    finite = ~torch.isinf(want)
+    torch.testing.assert_close(got[finite], want[finite], rtol=2e-7, atol=0)
+    small = torch.linspace(-110.0, -87.0, 20_001)  # subnormal results, then 0
+    got, want = opt(small).double(), torch.exp(small.double())
+    assert float((got - want).abs().max()) <= 1.5e-45  # within one subnormal step
+    assert float(opt(torch.tensor([-104.5, -200.0, -1e30])).abs().max()) == 0.0
+
+
 def test_reductions_propagate_nan_like_torch():
     class Reds(torch.nn.Module):
         def forward(self, x):

@@ -109,7 +109,7 @@ class KernelScope:
     def integer(self, source) -> str:
         if source not in self.ints:
             self.ints.append(source)
-        return f"D[{self.ints.index(source)}]"
+        return f"D_{self.ints.index(source)}"  # a local copy of D[k] (see emit_kernel)
 
     def dim(self, d) -> str:
         d = as_dim(d)
