@@ -194,3 +194,22 @@ def test_speculation_variants_cover_broadcast_and_not():
         want = np.exp(z - z.max(1, keepdims=True))
         np.testing.assert_allclose(soft, want / want.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(ex, np.exp(z), rtol=1e-5)
+
+
+def test_a_broadcast_used_by_every_layer_is_stored_at_its_source_size():
+    """BERT's attention mask, [1, 1, s, 1] broadcast to [b, heads, s, s] for every layer:
+    stored once at its own size, never as the broadcast (a byte read per score)."""
+    cfg = transformers.BertConfig(
+        hidden_size=64, num_attention_heads=4, intermediate_size=128, num_hidden_layers=2
+    )
+    model = transformers.BertModel(cfg).eval()
+    opt = anyshape.optimize(model, (torch.randint(0, 100, (2, 7)),))
+    labels = _kernels(opt)
+    assert not any(k.startswith("broadcast_in_dim") for k in labels), labels
+    (cluster,) = opt.report.clusters
+    assert "(const bool*)" not in cluster.compiled.native.source  # bytes vectorize, bool not
+    for b, s in [(1, 1), (3, 9)]:
+        ids = torch.randint(0, 100, (b, s))
+        torch.testing.assert_close(
+            opt(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-4, atol=1e-4
+        )

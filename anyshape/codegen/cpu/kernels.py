@@ -26,6 +26,7 @@ from ...ir.graph import Node
 from ...ir.symbolic import SymExpr
 from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
+from .hoist import hoist_invariants
 from .schedule import Schedule
 
 PARALLEL_WORK = 32768  # elements below which a kernel stays single-threaded
@@ -490,6 +491,7 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
         lines = [f"if ({cond}) {{", *_indent(fast, 1), "} else {", *_indent(general, 1), "}"]
         text = " and ".join(t for _, t in scope.assumptions)
         variants = [f"{text} (no run-time broadcast)", "general"]
+    lines = hoist_invariants(lines)
     # Buffers never overlap within a kernel: restrict lets loops vectorize without checks.
     head = [f"void* __restrict__ p{k} = P[{k}];" for k in range(len(scope.ptrs))]
     # Sizes as locals: read through D inside a `#pragma omp simd` loop, an index such

@@ -6,7 +6,8 @@ GEMM, convolution, pooling), an operand a library call needs in memory, or
 used by several consumers and not cheap to recompute (a cheap value — a few
 elementwise ops over values in memory — is recomputed by each elementwise
 consumer instead: a GEMM's bias add feeding both uses inside GELU becomes part
-of the GELU pass). A reshape that must be in memory (a GEMM operand) aliases
+of the GELU pass; a broadcast used several times stores its source, at its own
+size, and each consumer reads through it). A reshape that must be in memory (a GEMM operand) aliases
 its source's buffer instead of copying it. Every other value is computed
 inside the loop nest of the kernel that consumes it (loop fusion of
 elementwise, broadcast and view chains; input fusion into reductions). Last,
@@ -74,6 +75,10 @@ def _expands(b: Node) -> bool:
         if x.shape[i] == 1 and b.shape[d] != 1:
             return True
     return any(b.shape[d] != 1 for d in range(b.rank) if d not in dims)
+
+
+def _feeds_library(n: Node, consumers: dict[int, list[Node]]) -> bool:
+    return any(c.op in LIBRARY_OPS for c in consumers[id(n)])
 
 
 def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
@@ -145,10 +150,20 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
     for n in nodes:
         if id(n) in mat or users.get(id(n), 0) <= 1 or recomputable(n):
             continue
+        # A broadcast used several times is stored at its source's size, and each consumer
+        # reads through the broadcast (BERT's [1, 1, s, 1] mask, used by 12 layers, was
+        # stored as [b, 12, s, s] and read a byte per score).
+        if n.op == "broadcast_in_dim" and _expands(n) and not _feeds_library(n, consumers):
+            x = n.inputs[0]
+            while x.op in INDEX_OPS and id(x) not in mat:
+                x = x.inputs[0]  # through a chain of broadcasts and views to the value
+            mat.add(id(x))
+            cost.clear()
+            continue
         # Several elementwise consumers of a cheap value recompute it (a bias add feeding
         # GELU's two uses fuses into one pass); anything else is computed once in memory.
         cheap = fused_cost(n) <= RECOMPUTE_BUDGET and n.op not in NOT_RECOMPUTED
-        if cheap and all(c.op not in LIBRARY_OPS for c in consumers[id(n)]):
+        if cheap and not _feeds_library(n, consumers):
             continue
         mat.add(id(n))
         cost.clear()
