@@ -229,3 +229,33 @@ def test_output_reshape_hands_out_the_gemm_buffer_and_constant_pow_is_a_product(
         x = torch.randn(*shape)
         for got, want in zip(opt(x), model(x)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "k,s,p,d,ceil",
+    [
+        (3, 2, 1, 1, False),
+        (2, 2, 0, 1, False),
+        (3, 1, 1, 1, False),
+        (3, 2, 1, 2, True),
+        (5, 3, 2, 1, True),
+        (1, 1, 0, 1, False),
+    ],
+)
+def test_max_pool_rows_match_torch(k, s, p, d, ceil):
+    """Float max pooling runs row by row with per-tap column ranges (codegen/cpu/pool_emit.py)."""
+
+    class Pool(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.max_pool2d(x, k, s, p, d, ceil_mode=ceil)
+
+    model = Pool()
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 11, 12),), backend="cpu")
+    for shape in [(1, 1, 9, 9), (2, 5, 16, 23), (3, 2, 7, 40)]:
+        x = torch.randn(*shape)
+        x[0, 0, 1, 2] = float("nan")
+        x[-1, -1, -1, -1] = float("inf")
+        torch.testing.assert_close(opt(x), model(x), equal_nan=True)
+    x = torch.randn(2, 3, 2 * k, 2 * k, dtype=torch.float64)
+    opt64 = anyshape.optimize(model, (x,), backend="cpu")
+    torch.testing.assert_close(opt64(x), model(x))

@@ -11,7 +11,8 @@ materialized root node into a ``Kernel``: a C++ function
 - reduce / argreduce / cumulative: the fused input expression read inside the
   reduction loops (input fusion); sums of f32 accumulate in double;
 - dot: OpenBLAS sgemm/dgemm (batched, transposes folded into the call);
-- convolution and pool: direct window loops over a materialized input.
+- convolution and pool: direct window loops over a materialized input (float max
+  pooling row by row, vectorized: ``pool_emit``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr
+from . import pool_emit
 from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
 from .hoist import hoist_invariants
@@ -307,6 +309,8 @@ def _emit_dot(scope: KernelScope, root: Node) -> list[str]:
 
 def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     """convolution and pool: direct loops over each output element's window."""
+    if pool_emit.covers(root):
+        return pool_emit.emit_max_pool_rows(scope, root, _nest_open, _nest_close)
     conv = root.op == "convolution"
     x = root.inputs[0]
     nsp = len(root.attr("padding"))
