@@ -259,3 +259,22 @@ def test_max_pool_rows_match_torch(k, s, p, d, ceil):
     x = torch.randn(2, 3, 2 * k, 2 * k, dtype=torch.float64)
     opt64 = anyshape.optimize(model, (x,), backend="cpu")
     torch.testing.assert_close(opt64(x), model(x))
+
+
+@pytest.mark.parametrize(
+    "conv,shape",
+    [
+        (torch.nn.Conv1d(3, 5, 4, stride=3, padding=2, dilation=2), (2, 3, 17)),
+        (torch.nn.Conv1d(2, 4, 3, padding=5), (1, 2, 4)),  # padding wider than the input
+        (torch.nn.Conv3d(2, 3, (3, 2, 3), stride=(2, 1, 2), padding=(1, 0, 2)), (1, 2, 5, 6, 7)),
+    ],
+    ids=["conv1d", "conv1d_wide_pad", "conv3d"],
+)
+def test_im2col_rows_in_one_and_three_spatial_dims(conv, shape):
+    """im2col copies each row between two zero fills (kernels._im2col_row) at any rank."""
+    model = conv.eval()
+    opt = anyshape.optimize(model, (torch.randn(*shape),), backend="cpu")
+    for grow in (0, 1, 5):
+        size = shape[:2] + tuple(s + grow for s in shape[2:])
+        x = torch.randn(*size)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)

@@ -416,24 +416,7 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
                 f"    const int64_t k{sdim} = rem % {kernel[sdim]}; rem /= {kernel[sdim]};"
             )
         lines.append(f"    {t}* dst = col + r * {P};")
-        for sdim in range(nsp):
-            lines.append(
-                f"    for (int64_t o{sdim} = 0; o{sdim} < {outs[sdim]}; ++o{sdim}) {{"
-                f" const int64_t y{sdim} = o{sdim} * {stride[sdim]} - {pad[sdim]} + "
-                f"k{sdim} * {dil[sdim]}; const bool in{sdim} = y{sdim} >= 0 && "
-                f"y{sdim} < {ins[sdim]};"
-            )
-        flat_out = " + ".join(
-            f"o{sdim}" + "".join(f" * {outs[j]}" for j in range(sdim + 1, nsp))
-            for sdim in range(nsp)
-        )
-        flat_in = " + ".join(
-            f"y{sdim}" + "".join(f" * {ins[j]}" for j in range(sdim + 1, nsp))
-            for sdim in range(nsp)
-        )
-        inside = " && ".join(f"in{sdim}" for sdim in range(nsp))
-        lines.append(f"      dst[{flat_out}] = ({inside}) ? xc[{flat_in}] : ({t})0;")
-        lines.append("    " + "}" * nsp)
+        lines += _im2col_row(t, nsp, kernel, stride, pad, dil, ins, outs)
         lines.append("  }")
         lines.append("  const " + t + "* B = col;")
     lines.append(
@@ -442,6 +425,62 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
         f"({t}*){po} + (n * {w.shape[0]} + g * {og}) * {P}, 1);"
     )
     lines.append("}")
+    return lines
+
+
+def _im2col_row(t, nsp, kernel, stride, pad, dil, ins, outs) -> list[str]:
+    """One column-matrix row (a channel and kernel tap) over every output position.
+
+    The outer spatial dims test their input row once; along the last dim the
+    in-range output columns form one interval, computed per tap, so the copy is a
+    branch-free (vectorizable) loop between two zero fills.
+    """
+    lines, depth = [], "    "
+    for sdim in range(nsp - 1):
+        lines.append(
+            f"{depth}for (int64_t o{sdim} = 0; o{sdim} < {outs[sdim]}; ++o{sdim}) {{"
+            f" const int64_t y{sdim} = o{sdim} * {stride[sdim]} - {pad[sdim]} + "
+            f"k{sdim} * {dil[sdim]}; const bool in{sdim} = y{sdim} >= 0 && "
+            f"y{sdim} < {ins[sdim]};"
+        )
+        depth += "  "
+    last = nsp - 1
+    n_out, n_in, st = outs[last], ins[last], stride[last]
+    base_out = (
+        " + ".join(
+            [
+                f"o{sdim}" + "".join(f" * {outs[j]}" for j in range(sdim + 1, nsp))
+                for sdim in range(last)
+            ]
+        )
+        or "0"
+    )
+    base_in = (
+        " + ".join(
+            [
+                f"y{sdim}" + "".join(f" * {ins[j]}" for j in range(sdim + 1, nsp))
+                for sdim in range(last)
+            ]
+        )
+        or "0"
+    )
+    inside = " && ".join(f"in{sdim}" for sdim in range(last)) or "true"
+    lines += [
+        f"{depth}{t}* d = dst + ({base_out});",
+        f"{depth}const int64_t off = k{last} * {dil[last]} - {pad[last]};",
+        f"{depth}const int64_t lo = !({inside}) ? {n_out} : off >= 0 ? 0 : "
+        f"as_min64({n_out}, (-off + {st} - 1) / {st});",
+        f"{depth}const int64_t hi = !({inside}) ? {n_out} : as_max64(lo, as_min64({n_out}, "
+        f"{n_in} - off <= 0 ? 0 : ({n_in} - off + {st} - 1) / {st}));",
+        f"{depth}const {t}* s = xc + ({base_in}) + off;",
+        f"{depth}for (int64_t o = 0; o < lo; ++o) d[o] = ({t})0;",
+        f"{depth}#pragma omp simd",
+        f"{depth}for (int64_t o = lo; o < hi; ++o) d[o] = s[o * {st}];",
+        f"{depth}for (int64_t o = hi; o < {n_out}; ++o) d[o] = ({t})0;",
+    ]
+    for _ in range(nsp - 1):
+        depth = depth[:-2]
+        lines.append(f"{depth}}}")
     return lines
 
 
