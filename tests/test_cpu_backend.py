@@ -278,3 +278,28 @@ def test_im2col_rows_in_one_and_three_spatial_dims(conv, shape):
         size = shape[:2] + tuple(s + grow for s in shape[2:])
         x = torch.randn(*size)
         torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_few_row_gemms_through_onednn_match_torch_at_every_row_count():
+    """GEMMs of up to 64 rows go through oneDNN in 8-row blocks (prelude.h as_small_sgemm);
+    every remainder, both weight layouts, and the OpenBLAS path above it agree with torch."""
+    from anyshape.codegen.cpu.build import small_gemm_flags
+
+    assert "-DANYSHAPE_DNNL" in small_gemm_flags()  # installed with anyshape on x86-64 Linux
+
+    class TwoLayouts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(48, 40)  # x @ W^T
+            self.w = torch.nn.Parameter(torch.randn(40, 24))  # x @ W (GPT-2's Conv1D)
+
+        def forward(self, x):
+            return self.linear(x) @ self.w
+
+    model = TwoLayouts().eval()
+    opt = anyshape.optimize(model, (torch.randn(3, 48),), backend="cpu")
+    (cluster,) = opt.report.clusters
+    assert b"dnnl_sgemm" in cluster.compiled.native.library.read_bytes()
+    for rows in [1, 7, 8, 9, 16, 17, 63, 64, 65, 130]:
+        x = torch.randn(rows, 48)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)

@@ -162,6 +162,14 @@ def test_small_model_names_shapes_and_passthrough(small):
     assert "x: f32[" in text and ("target x86-64" in text or "target aarch64" in text)
 
 
+def test_artifacts_link_only_openblas(small):
+    """Plugin mode may call oneDNN for few-row GEMMs; an artifact keeps one library."""
+    _, path = small
+    data = path.read_bytes()
+    assert b"dnnl_sgemm" not in data and b"libdnnl" not in data
+    assert b"openblas" in data
+
+
 def test_threads_share_one_model(small):
     model, path = small
     loaded = anyshape.load(path)

@@ -72,13 +72,53 @@ def blas_flags() -> list[str]:
     return [f"-I{ob.get_include_dir()}", f"-L{lib}", f"-Wl,-rpath,{lib}", f"-l{ob.get_library()}"]
 
 
+@functools.lru_cache(maxsize=1)
+def small_gemm_flags() -> list[str]:
+    """oneDNN's ``dnnl_sgemm`` for GEMMs of few rows (see ``as_gemm_batch``), if installed.
+
+    The ``onednn-cpu-gomp`` wheel runs on GNU OpenMP, the same thread pool as the
+    generated code. Plugin mode only: artifacts keep OpenBLAS as their one library.
+    ``ANYSHAPE_SMALL_GEMM=openblas`` turns it off.
+    """
+    if os.environ.get("ANYSHAPE_SMALL_GEMM", "onednn").lower() == "openblas":
+        return []
+    try:
+        from importlib import metadata
+
+        dist = metadata.distribution("onednn-cpu-gomp")
+    except metadata.PackageNotFoundError:
+        return []
+    for f in dist.files or ():
+        if f.name == "libdnnl.so.3":
+            lib = Path(dist.locate_file(f)).resolve().parent
+            return [
+                "-DANYSHAPE_DNNL",
+                f"-DAS_L3_BYTES={l3_cache_bytes()}",
+                f"-L{lib}",
+                f"-Wl,-rpath,{lib}",
+                "-l:libdnnl.so.3",
+            ]
+    return []
+
+
+def l3_cache_bytes() -> int:
+    """The last-level cache as sysfs states it (a VM's cpuid may claim the host's); 8 MB if unknown."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+    except (OSError, ValueError, IndexError):
+        return 8 << 20
+
+
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def build_library(source: str, name: str = "graph", target: Target = NATIVE) -> Path:
     """The path of a shared library built from ``source`` (from the cache when present)."""
-    return build_cached(source, name, FLAGS + list(target.flags) + blas_flags())
+    libraries = blas_flags() + (small_gemm_flags() if target is NATIVE else [])
+    return build_cached(source, name, FLAGS + list(target.flags) + libraries)
 
 
 def build_cached(source: str, name: str, flags: list[str], language: str = "c++") -> Path:

@@ -23,6 +23,7 @@ class CpuExecutable:
         program = emit_translation_unit(graph, extra_symbols)
         self.source = program.source
         path = build_library(program.source, graph.name)
+        self.library = path  # in the build cache
         bump("native_libraries")
         slot_dtypes: dict[int, object] = {}
         for out, slot in zip(graph.outputs, program.output_slots):

@@ -120,10 +120,46 @@ static const char* as_kernel_error(int code) {
 // Row-major C[b] = op(A[b]) @ op(B[b]) over a packed batch. One big GEMM per batch entry
 // uses OpenBLAS's threaded driver; many small ones go through its batched call, which
 // spreads whole GEMMs across the threads.
+#ifdef ANYSHAPE_DNNL
+// oneDNN (plugin mode, when installed): its sgemm for up to 8 rows runs near the GEMM peak
+// where OpenBLAS does not (BERT's shapes, 2 threads, B in cache: 8-row blocks at 145-215
+// GFLOP/s against OpenBLAS's 40-150 below 32 rows), so GEMMs of few rows go through it
+// 8 rows at a time. Measured in docs/architecture.md.
+extern "C" int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K,
+                          float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
+                          float beta, float* C, int64_t ldc);
+#define AS_SMALL_GEMM_ROWS 64
+// Each 8-row block reads all of B: more than one block only while B stays in half the
+// L3 cache (AS_L3_BYTES, from sysfs at build time). GPT-2's 154 MB output projection,
+// read from memory once per block, ran 2.8x slower.
+static inline bool as_small_sgemm_fits(int64_t m, int64_t n, int64_t k) {
+  return m <= 8 ||
+         (m <= AS_SMALL_GEMM_ROWS && n * k * (int64_t)sizeof(float) <= (int64_t)AS_L3_BYTES / 2);
+}
+static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
+                                  const float* a, int64_t lda, const float* b, int64_t ldb,
+                                  float* c) {
+  for (int64_t r = 0; r < m; r += 8) {
+    const int64_t rows = m - r < 8 ? m - r : 8;
+    if (dnnl_sgemm('N', tb == CblasTrans ? 'T' : 'N', rows, n, k, 1.0f, a + r * lda, lda, b,
+                   ldb, 0.0f, c + r * n, n) != 0)
+      return false;
+  }
+  return true;
+}
+#endif
+
 template <class T>
 static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
                                  int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,
                                  T* c, int64_t batch) {
+#ifdef ANYSHAPE_DNNL
+  if constexpr (as_same<T, float>::value) {
+    if (batch == 1 && ta == CblasNoTrans && as_small_sgemm_fits(m, n, k) &&
+        as_small_sgemm(tb, m, n, k, a, lda, b, ldb, c))
+      return;  // else (a oneDNN error) OpenBLAS computes it from scratch below
+  }
+#endif
   const bool threaded_each = batch < 2 * omp_get_max_threads() || m * n * k >= (INT64_C(1) << 22);
   if (threaded_each) {
     for (int64_t p = 0; p < batch; ++p) {
