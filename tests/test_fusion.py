@@ -213,3 +213,23 @@ def test_a_broadcast_used_by_every_layer_is_stored_at_its_source_size():
         torch.testing.assert_close(
             opt(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-4, atol=1e-4
         )
+
+
+def test_parallel_threshold_weighs_transcendentals():
+    """A kernel goes parallel on elements x cost (kernels.element_cost): softmax's exp
+    counts 8, so [8, 768] (6144 elements) uses both cores while an add of that size stays
+    on one; both stay correct either side of the threshold."""
+
+    class SoftmaxAndAdd(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1), x + 1
+
+    model = SoftmaxAndAdd().eval()
+    opt = anyshape.optimize(model, (torch.randn(3, 16),))
+    (cluster,) = opt.report.clusters
+    source = cluster.compiled.native.source
+    assert ") * 9 > 32768)" in source and ") * 1 > 32768)" in source
+    for rows in (1, 8, 3000):
+        x = torch.randn(rows, 768)
+        for got, want in zip(opt(x), model(x)):
+            torch.testing.assert_close(got, want, **TOL)

@@ -87,6 +87,7 @@ class KernelScope:
         self.lines: list[str] = []
         self.memo: dict[tuple, str] = {}
         self.counter = 0
+        self.element_cost = 1  # relative work per element (kernels.element_cost)
         self.needs_error_flag = False
         # Speculation: a dim that may broadcast at run time (size 1) costs a select per
         # index; the speculative variant assumes it does not and records the predicate.

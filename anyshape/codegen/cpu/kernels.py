@@ -29,9 +29,9 @@ from . import pool_emit
 from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
 from .hoist import hoist_invariants
-from .schedule import Schedule
+from .schedule import EXPENSIVE_OPS, Schedule
 
-PARALLEL_WORK = 32768  # elements below which a kernel stays single-threaded
+PARALLEL_WORK = 32768  # work (elements x cost per element) below which a kernel stays serial
 BLOCK = 4096  # elements per parallel block of a 1-D loop
 
 
@@ -59,7 +59,7 @@ def _nest_open(scope: KernelScope, shape, names, work: str, lines: list[str]) ->
     r = len(shape)
     if r == 0:
         return
-    par = f"schedule(static) if(({work}) > {PARALLEL_WORK})"
+    par = f"schedule(static) if(({work}) * {scope.element_cost} > {PARALLEL_WORK})"
     last = names[-1]
     if r == 1:
         n = scope.dim(shape[0])
@@ -506,6 +506,24 @@ EMITTERS = {
 SPECULATED = {"reduce"}
 
 
+def element_cost(sched: Schedule, root: Node) -> int:
+    """Relative work per output element: 1, plus 8 per transcendental the kernel fuses.
+
+    A kernel goes parallel when elements x this cost passes PARALLEL_WORK, so an
+    exp-heavy softmax over [8, 768] (2.3 us of exp alone) uses both cores while a
+    copy of the same size stays on one.
+    """
+    cost, seen, stack = 1, set(), [root]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or (n is not root and sched.is_materialized(n)):
+            continue
+        seen.add(id(n))
+        cost += EXPENSIVE_OPS.get(n.op, 0)
+        stack.extend(n.inputs)
+    return min(cost, 32)
+
+
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
     if id(root) in sched.stitches:
         from .stitch_emit import StitchScope, emit_stitch
@@ -521,6 +539,7 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
             return EMITTERS.get(root.op, _emit_pointwise)(scope, root)
 
     scope.ptr(root)  # the output is P[0]
+    scope.element_cost = element_cost(sched, root)
     lines = emit()
     variants = []
     speculated = id(root) in sched.stitches or root.op in SPECULATED or root.op not in EMITTERS

@@ -128,7 +128,7 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
         work = scope.dim(root.type.numel)
         total = " * ".join(f"({e})" for e in extents)
         lines += [
-            f"#pragma omp parallel if(({work}) > {PARALLEL_WORK})",
+            f"#pragma omp parallel if(({work}) * {scope.element_cost} > {PARALLEL_WORK})",
             "{",
             f"  const int64_t rows = {total};",
             "  const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();",
