@@ -10,8 +10,8 @@ flattens ``(args, kwargs)`` without torch's general pytree machinery when the
 example inputs were plain tensors and keywords.
 
 When the cluster is a native library whose own prologue checks everything the
-model prologue does (every input, the same dims, ranges and guards), the plan
-also carries ``fast``: the same call done entirely in C (``runtime/torchcall.c``),
+model prologue does (every input, the same dims, ranges and guards),
+``native_call`` makes the same call entirely in C (``runtime/torchcall.c``),
 which hands any call off its common path back to the Python one.
 """
 
@@ -119,7 +119,7 @@ def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
     with no run-time symbols and no pass-through outputs, and its prologue checks
     all the model prologue does: every input, with the same dims, ranges and guards.
     """
-    from ..frontends.torch.symbols import TORCH_TO_DTYPE
+    from ..frontends.torch.symbols import DTYPE_TO_TORCH
     from ..runtime.fastcall import fastcall
     from ..runtime.native import KernelError
 
@@ -141,7 +141,6 @@ def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
         return None
     if not {str(g) for g in model.store.guards} <= {str(g) for g in unit.store.guards}:
         return None
-    to_torch = {dt: t for t, dt in TORCH_TO_DTYPE.items()}
     kinds = {"cluster": 0, "input": 1, "const": 2}
     outputs = tuple(
         (0, executable.output_slots[v]) if kind == "cluster" else (kinds[kind], v)
@@ -162,7 +161,7 @@ def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
         flat_inputs.num_args,
         tuple(flat_inputs.keys),
         tuple(plan.order),
-        tuple(to_torch[s.dtype] for s in unit.specs),
+        tuple(DTYPE_TO_TORCH[s.dtype] for s in unit.specs),
         library._out_types,
         outputs,
         form,

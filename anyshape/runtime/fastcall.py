@@ -3,11 +3,11 @@
 Sits under ``native`` and plugin mode's direct call path. ``fastcall()`` returns
 the ``_anyshape_fastcall`` module -- ``call`` for NumPy arrays (``fastcall.c``)
 and ``TorchCall``, a whole plugin-mode model call on torch tensors
-(``torchcall.c``; module definition in ``fastcall_module.c``) -- built with the system compiler against this Python's and
-NumPy's headers through the content-addressed build cache, or ``None`` when it
-cannot be built (no Python headers): callers then use the ctypes path, which
-does the same work at a few more microseconds per call. ``ANYSHAPE_FASTCALL=0``
-forces the ctypes path.
+(``torchcall.c``; module definition in ``fastcall_module.c``) -- built with the
+system compiler against this Python's and NumPy's headers through the
+content-addressed build cache, or ``None`` when it cannot be built (no Python
+headers): callers then use the ctypes path, which does the same work at a few
+more microseconds per call. ``ANYSHAPE_FASTCALL=0`` forces the ctypes path.
 """
 
 from __future__ import annotations

@@ -14,23 +14,31 @@
  * Python path, which either handles it or raises the error that names the input.
  */
 
+#define TC_MAX 64 /* inputs, output slots and flat outputs a TorchCall takes */
+
+/* The Python objects a TorchCall holds: one list for the struct, GC traversal and clearing. */
+#define TC_OBJECTS(X)                                                                       \
+  X(kw_names)     /* keyword inputs expected, in flat order after the positionals */       \
+  X(dtypes)       /* per graph input: the torch.dtype compiled for */                      \
+  X(outputs)      /* per flat output: (0, slot) | (1, flat input) | (2, constant) */       \
+  X(unflatten)    /* form 2: list of flat outputs -> the model's output structure */       \
+  X(tensor_types) /* the exact tensor types taken (subclasses go the general way) */       \
+  X(from_numpy) X(kernel_error)
+
+#define TC_FIELD(name) PyObject* name;
 typedef struct {
   PyObject_HEAD vectorcallfunc vectorcall;
   as_main_fn main;
   as_free_fn free;
   const AsTensor* params;
-  Py_ssize_t n_args;   /* positional inputs expected */
-  PyObject* kw_names;  /* keyword inputs expected, in flat order after the positionals */
-  Py_ssize_t n_flat;
-  PyObject* order;     /* per graph input: its flat index */
-  PyObject* dtypes;    /* per graph input: the torch.dtype compiled for */
-  PyObject* out_types; /* per output slot: NumPy type number */
-  PyObject* outputs;   /* per flat output: (0, slot) | (1, flat input) | (2, constant) */
-  int form;            /* 0: one leaf, 1: a tuple of leaves, 2: unflatten(list) */
-  PyObject* unflatten;
-  PyObject* tensor_types; /* the exact tensor types taken (subclasses go the general way) */
-  PyObject* from_numpy;
-  PyObject* kernel_error;
+  Py_ssize_t n_args, n_flat; /* positional inputs; all inputs */
+  Py_ssize_t n_in, n_slots, n_out;
+  Py_ssize_t order[TC_MAX]; /* per graph input: its flat index */
+  int out_types[TC_MAX];    /* per output slot: NumPy type number */
+  int out_kind[TC_MAX];     /* per flat output: 0 slot, 1 flat input, 2 constant */
+  Py_ssize_t out_at[TC_MAX];
+  int form; /* 0: one leaf, 1: a tuple of leaves, 2: unflatten(list) */
+  TC_OBJECTS(TC_FIELD)
 } TorchCall;
 
 static PyObject* torchcall_call(PyObject* callable, PyObject* const* args, size_t nargsf,
@@ -48,6 +56,44 @@ static int intern_names(void) {
   return s_dtype && s_is_cpu && s_shape && s_data_ptr && s_is_contiguous ? 0 : -1;
 }
 
+/* The per-call integers, read once here rather than from tuples on every call. */
+static int read_signature(TorchCall* self, PyObject* order, PyObject* out_types) {
+  self->n_in = PyTuple_GET_SIZE(order);
+  self->n_slots = PyTuple_GET_SIZE(out_types);
+  self->n_out = PyTuple_GET_SIZE(self->outputs);
+  if (self->n_in != PyTuple_GET_SIZE(self->dtypes) || self->n_in > TC_MAX ||
+      self->n_slots > TC_MAX || self->n_out > TC_MAX || self->n_flat > TC_MAX ||
+      self->form < 0 || self->form > 2) {
+    PyErr_SetString(PyExc_ValueError, "TorchCall: inconsistent signature");
+    return -1;
+  }
+  for (Py_ssize_t k = 0; k < self->n_in; ++k)
+    self->order[k] = PyLong_AsSsize_t(PyTuple_GET_ITEM(order, k));
+  for (Py_ssize_t k = 0; k < self->n_slots; ++k)
+    self->out_types[k] = (int)PyLong_AsLong(PyTuple_GET_ITEM(out_types, k));
+  for (Py_ssize_t k = 0; k < self->n_out; ++k) {
+    PyObject* spec = PyTuple_GET_ITEM(self->outputs, k);
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) != 2) {
+      PyErr_SetString(PyExc_ValueError, "TorchCall: an output is not (kind, value)");
+      return -1;
+    }
+    self->out_kind[k] = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+    self->out_at[k] = self->out_kind[k] == 2 ? 0 : PyLong_AsSsize_t(PyTuple_GET_ITEM(spec, 1));
+    const Py_ssize_t bound = self->out_kind[k] == 0 ? self->n_slots : self->n_flat;
+    if (self->out_kind[k] < 0 || self->out_kind[k] > 2 || self->out_at[k] < 0 ||
+        (self->out_kind[k] < 2 && self->out_at[k] >= bound)) {
+      PyErr_SetString(PyExc_ValueError, "TorchCall: an output refers outside the call");
+      return -1;
+    }
+  }
+  for (Py_ssize_t k = 0; k < self->n_in; ++k)
+    if (self->order[k] < 0 || self->order[k] >= self->n_flat) {
+      PyErr_SetString(PyExc_ValueError, "TorchCall: an input refers outside the call");
+      return -1;
+    }
+  return PyErr_Occurred() ? -1 : 0;
+}
+
 static PyObject* torchcall_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
   unsigned long long main_addr, free_addr, params_addr;
   Py_ssize_t n_args;
@@ -60,11 +106,6 @@ static PyObject* torchcall_new(PyTypeObject* type, PyObject* args, PyObject* kw)
                         &dtypes, &PyTuple_Type, &out_types, &PyTuple_Type, &outputs, &form,
                         &unflatten, &PyTuple_Type, &tensor_types, &from_numpy, &kernel_error))
     return NULL;
-  if (PyTuple_GET_SIZE(order) != PyTuple_GET_SIZE(dtypes) || PyTuple_GET_SIZE(order) > 64 ||
-      PyTuple_GET_SIZE(out_types) > 64 || form < 0 || form > 2) {
-    PyErr_SetString(PyExc_ValueError, "TorchCall: inconsistent signature");
-    return NULL;
-  }
   TorchCall* self = (TorchCall*)type->tp_alloc(type, 0);
   if (!self) return NULL;
   self->main = (as_main_fn)(uintptr_t)main_addr;
@@ -73,42 +114,30 @@ static PyObject* torchcall_new(PyTypeObject* type, PyObject* args, PyObject* kw)
   self->n_args = n_args;
   self->n_flat = n_args + PyTuple_GET_SIZE(kw_names);
   self->form = form;
-  PyObject** fields[] = {&self->kw_names,  &self->order,        &self->dtypes,
-                         &self->out_types, &self->outputs,      &self->unflatten,
-                         &self->tensor_types, &self->from_numpy, &self->kernel_error};
-  PyObject* values[] = {kw_names, order,        dtypes,     out_types,   outputs,
-                        unflatten, tensor_types, from_numpy, kernel_error};
-  for (size_t k = 0; k < sizeof(values) / sizeof(values[0]); ++k) {
-    Py_INCREF(values[k]);
-    *fields[k] = values[k];
+#define TC_SET(name) \
+  Py_INCREF(name);   \
+  self->name = name;
+  TC_OBJECTS(TC_SET)
+#undef TC_SET
+  if (read_signature(self, order, out_types) < 0) {
+    Py_DECREF(self);
+    return NULL;
   }
   self->vectorcall = torchcall_call;
   return (PyObject*)self;
 }
 
 static int torchcall_traverse(TorchCall* self, visitproc visit, void* arg) {
-  Py_VISIT(self->kw_names);
-  Py_VISIT(self->order);
-  Py_VISIT(self->dtypes);
-  Py_VISIT(self->out_types);
-  Py_VISIT(self->outputs);
-  Py_VISIT(self->unflatten);
-  Py_VISIT(self->tensor_types);
-  Py_VISIT(self->from_numpy);
-  Py_VISIT(self->kernel_error);
+#define TC_VISIT(name) Py_VISIT(self->name);
+  TC_OBJECTS(TC_VISIT)
+#undef TC_VISIT
   return 0;
 }
 
 static int torchcall_clear(TorchCall* self) {
-  Py_CLEAR(self->kw_names);
-  Py_CLEAR(self->order);
-  Py_CLEAR(self->dtypes);
-  Py_CLEAR(self->out_types);
-  Py_CLEAR(self->outputs);
-  Py_CLEAR(self->unflatten);
-  Py_CLEAR(self->tensor_types);
-  Py_CLEAR(self->from_numpy);
-  Py_CLEAR(self->kernel_error);
+#define TC_CLEAR(name) Py_CLEAR(self->name);
+  TC_OBJECTS(TC_CLEAR)
+#undef TC_CLEAR
   return 0;
 }
 
@@ -191,7 +220,6 @@ static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, AsTens
 static PyObject* adopt_output(TorchCall* self, AsTensor* o, Py_ssize_t slot) {
   npy_intp dims[AS_MAX_RANK];
   for (int d = 0; d < o->ndim; ++d) dims[d] = (npy_intp)o->shape[d];
-  int typenum = (int)PyLong_AsLong(PyTuple_GET_ITEM(self->out_types, slot));
   PyObject* cap = PyCapsule_New(o->data, "anyshape.buffer", release);
   if (!cap) {
     self->free(o->data);
@@ -201,7 +229,7 @@ static PyObject* adopt_output(TorchCall* self, AsTensor* o, Py_ssize_t slot) {
     Py_DECREF(cap);
     return NULL;
   }
-  PyObject* arr = PyArray_SimpleNewFromData((int)o->ndim, dims, typenum, o->data);
+  PyObject* arr = PyArray_SimpleNewFromData((int)o->ndim, dims, self->out_types[slot], o->data);
   if (!arr || PyArray_SetBaseObject((PyArrayObject*)arr, cap) < 0) {
     Py_XDECREF(arr);
     Py_DECREF(cap);
@@ -213,16 +241,13 @@ static PyObject* adopt_output(TorchCall* self, AsTensor* o, Py_ssize_t slot) {
 }
 
 static PyObject* build_result(TorchCall* self, PyObject** flat, PyObject** slots) {
-  Py_ssize_t n = PyTuple_GET_SIZE(self->outputs);
+  Py_ssize_t n = self->n_out;
   PyObject* values = PyList_New(n);
   if (!values) return NULL;
   for (Py_ssize_t k = 0; k < n; ++k) {
-    PyObject* spec = PyTuple_GET_ITEM(self->outputs, k);
-    long kind = PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
-    PyObject* v = PyTuple_GET_ITEM(spec, 1);
-    PyObject* item = kind == 0   ? slots[PyLong_AsSsize_t(v)]
-                     : kind == 1 ? flat[PyLong_AsSsize_t(v)]
-                                 : v;
+    PyObject* item = self->out_kind[k] == 0   ? slots[self->out_at[k]]
+                     : self->out_kind[k] == 1 ? flat[self->out_at[k]]
+                                              : PyTuple_GET_ITEM(PyTuple_GET_ITEM(self->outputs, k), 1);
     Py_INCREF(item);
     PyList_SET_ITEM(values, k, item);
   }
@@ -245,18 +270,16 @@ static PyObject* build_result(TorchCall* self, PyObject** flat, PyObject** slots
 static PyObject* torchcall_call(PyObject* callable, PyObject* const* args, size_t nargsf,
                                 PyObject* kwnames) {
   TorchCall* self = (TorchCall*)callable;
-  PyObject* flat[64];
-  if (self->n_flat > 64 || !flatten_call(self, args, nargsf, kwnames, flat)) return NOT_HERE;
-  Py_ssize_t n_in = PyTuple_GET_SIZE(self->order);
-  AsTensor ins[64];
-  for (Py_ssize_t k = 0; k < n_in; ++k) {
-    Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(self->order, k));
-    int r = describe_tensor(self, flat[at], PyTuple_GET_ITEM(self->dtypes, k), &ins[k]);
+  PyObject* flat[TC_MAX];
+  if (!flatten_call(self, args, nargsf, kwnames, flat)) return NOT_HERE;
+  AsTensor ins[TC_MAX];
+  for (Py_ssize_t k = 0; k < self->n_in; ++k) {
+    int r = describe_tensor(self, flat[self->order[k]], PyTuple_GET_ITEM(self->dtypes, k), &ins[k]);
     if (r < 0) return NULL;
     if (r == 0) return NOT_HERE;
   }
-  Py_ssize_t n_slots = PyTuple_GET_SIZE(self->out_types);
-  AsTensor outs[64];
+  const Py_ssize_t n_slots = self->n_slots;
+  AsTensor outs[TC_MAX];
   char err[1024];
   err[0] = 0;
   int code;
@@ -269,7 +292,7 @@ static PyObject* torchcall_call(PyObject* callable, PyObject* const* args, size_
     PyErr_SetString(self->kernel_error, err);
     return NULL;
   }
-  PyObject* slots[64];
+  PyObject* slots[TC_MAX];
   Py_ssize_t made = 0;
   for (; made < n_slots; ++made) {
     slots[made] = adopt_output(self, &outs[made], made);

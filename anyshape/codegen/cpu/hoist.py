@@ -28,33 +28,26 @@ _NAME = re.compile(r"\b[A-Za-z_]\w*\b")
 _NEVER = {"rb", "err", "err_flag"}  # per-thread scratch and error state stay where they are
 
 
-def hoist_invariants(lines: list[str]) -> list[str]:
-    """``lines`` with loop-invariant ``const`` statements moved before their loops."""
-    out, _ = _walk(lines, 0)
-    return out
-
-
 def _block_end(lines: list[str], start: int) -> int:
     """Index of the line closing the block opened on ``lines[start]``."""
     depth = 0
     for k in range(start, len(lines)):
         depth += lines[k].count("{") - lines[k].count("}")
-        if depth <= 0 and k > start:
-            return k
         if depth <= 0:
-            return k  # a one-line block
+            return k
     return len(lines) - 1
 
 
-def _walk(lines: list[str], start: int) -> tuple[list[str], int]:
-    """Rewrite ``lines[start:]`` (to the end of the list); returns (lines, consumed)."""
+def hoist_invariants(lines: list[str]) -> list[str]:
+    """``lines`` with loop-invariant ``const`` statements moved before their loops
+    (inner loops first, so a statement can move out one level per enclosing loop)."""
     out: list[str] = []
-    k = start
+    k = 0
     while k < len(lines):
         line = lines[k]
         if _LOOP.match(line) and line.rstrip().endswith("{"):
             end = _block_end(lines, k)
-            body, _ = _walk(lines[k + 1 : end], 0)
+            body = hoist_invariants(lines[k + 1 : end])
             hoisted, body = _split_invariants(line, body)
             at = len(out)
             while at > 0 and out[at - 1].lstrip().startswith("#pragma omp"):
@@ -66,7 +59,7 @@ def _walk(lines: list[str], start: int) -> tuple[list[str], int]:
             continue
         out.append(line)
         k += 1
-    return out, k
+    return out
 
 
 def _split_invariants(header: str, body: list[str]) -> tuple[list[str], list[str]]:

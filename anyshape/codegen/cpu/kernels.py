@@ -29,7 +29,7 @@ from . import pool_emit
 from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
 from .hoist import hoist_invariants
-from .schedule import EXPENSIVE_OPS, Schedule
+from .schedule import EXPENSIVE_OPS, Schedule, fused_into
 
 PARALLEL_WORK = 32768  # work (elements x cost per element) below which a kernel stays serial
 BLOCK = 4096  # elements per parallel block of a 1-D loop
@@ -416,7 +416,7 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
                 f"    const int64_t k{sdim} = rem % {kernel[sdim]}; rem /= {kernel[sdim]};"
             )
         lines.append(f"    {t}* dst = col + r * {P};")
-        lines += _im2col_row(t, nsp, kernel, stride, pad, dil, ins, outs)
+        lines += _im2col_row(t, nsp, stride, pad, dil, ins, outs)
         lines.append("  }")
         lines.append("  const " + t + "* B = col;")
     lines.append(
@@ -428,7 +428,16 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
     return lines
 
 
-def _im2col_row(t, nsp, kernel, stride, pad, dil, ins, outs) -> list[str]:
+def _row_major(prefix: str, dims, count: int) -> str:
+    """Row-major offset of ``prefix0 .. prefix{count-1}`` within ``dims`` (``0`` if none)."""
+    terms = [
+        f"{prefix}{s}" + "".join(f" * {dims[j]}" for j in range(s + 1, len(dims)))
+        for s in range(count)
+    ]
+    return " + ".join(terms) or "0"
+
+
+def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
     """One column-matrix row (a channel and kernel tap) over every output position.
 
     The outer spatial dims test their input row once; along the last dim the
@@ -446,32 +455,13 @@ def _im2col_row(t, nsp, kernel, stride, pad, dil, ins, outs) -> list[str]:
         depth += "  "
     last = nsp - 1
     n_out, n_in, st = outs[last], ins[last], stride[last]
-    base_out = (
-        " + ".join(
-            [
-                f"o{sdim}" + "".join(f" * {outs[j]}" for j in range(sdim + 1, nsp))
-                for sdim in range(last)
-            ]
-        )
-        or "0"
-    )
-    base_in = (
-        " + ".join(
-            [
-                f"y{sdim}" + "".join(f" * {ins[j]}" for j in range(sdim + 1, nsp))
-                for sdim in range(last)
-            ]
-        )
-        or "0"
-    )
+    base_out = _row_major("o", outs, last)
+    base_in = _row_major("y", ins, last)
     inside = " && ".join(f"in{sdim}" for sdim in range(last)) or "true"
     lines += [
         f"{depth}{t}* d = dst + ({base_out});",
         f"{depth}const int64_t off = k{last} * {dil[last]} - {pad[last]};",
-        f"{depth}const int64_t lo = !({inside}) ? {n_out} : off >= 0 ? 0 : "
-        f"as_min64({n_out}, (-off + {st} - 1) / {st});",
-        f"{depth}const int64_t hi = !({inside}) ? {n_out} : as_max64(lo, as_min64({n_out}, "
-        f"{n_in} - off <= 0 ? 0 : ({n_in} - off + {st} - 1) / {st}));",
+        *(depth + ln for ln in pool_emit.in_range_columns("off", n_in, n_out, st, inside)),
         f"{depth}const {t}* s = xc + ({base_in}) + off;",
         f"{depth}for (int64_t o = 0; o < lo; ++o) d[o] = ({t})0;",
         f"{depth}#pragma omp simd",
@@ -513,15 +503,8 @@ def element_cost(sched: Schedule, root: Node) -> int:
     exp-heavy softmax over [8, 768] (2.3 us of exp alone) uses both cores while a
     copy of the same size stays on one.
     """
-    cost, seen, stack = 1, set(), [root]
-    while stack:
-        n = stack.pop()
-        if id(n) in seen or (n is not root and sched.is_materialized(n)):
-            continue
-        seen.add(id(n))
-        cost += EXPENSIVE_OPS.get(n.op, 0)
-        stack.extend(n.inputs)
-    return min(cost, 32)
+    nodes = [root, *fused_into(sched, root)]
+    return min(1 + sum(EXPENSIVE_OPS.get(n.op, 0) for n in nodes), 32)
 
 
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:

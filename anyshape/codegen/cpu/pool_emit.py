@@ -27,6 +27,17 @@ def covers(root: Node) -> bool:
     )
 
 
+def in_range_columns(off: str, n_in, n_out, stride, valid: str = "true") -> list[str]:
+    """C declaring ``lo``, ``hi``: the output columns ``o`` with ``o * stride + off`` in
+    ``[0, n_in)`` (an empty range unless ``valid``). Shared with im2col's rows."""
+    return [
+        f"const int64_t lo = !({valid}) ? {n_out} : {off} >= 0 ? 0 : "
+        f"as_min64({n_out}, (-{off} + {stride} - 1) / {stride});",
+        f"const int64_t hi = !({valid}) ? {n_out} : as_max64(lo, as_min64({n_out}, "
+        f"{n_in} - {off} <= 0 ? 0 : ({n_in} - {off} + {stride} - 1) / {stride}));",
+    ]
+
+
 def emit_max_pool_rows(scope, root: Node, nest_open, nest_close) -> list[str]:
     x = root.inputs[0]
     (kh, kw), (sh, sw) = root.attr("kernel"), root.attr("stride")
@@ -58,10 +69,8 @@ def emit_max_pool_rows(scope, root: Node, nest_open, nest_close) -> list[str]:
         f"  if (iy < 0 || iy >= {H}) continue;",
         f"  const {t}* xr = xp + iy * {W};",
         f"  for (int64_t kx = 0; kx < {kw}; ++kx) {{",
-        # ow * sw - pw + kx * dw in [0, W): ow in [ceil((pw - kx*dw) / sw), ceil((W + pw - kx*dw) / sw))
         f"    const int64_t off = kx * {dw} - {pw};",
-        f"    const int64_t lo = off >= 0 ? 0 : (-off + {sw} - 1) / {sw};",
-        f"    const int64_t hi = as_min64({OW}, {W} - off <= 0 ? 0 : ({W} - off + {sw} - 1) / {sw});",
+        *("    " + ln for ln in in_range_columns("off", W, OW, sw)),
         "    #pragma omp simd",
         "    for (int64_t ow = lo; ow < hi; ++ow) {",
         f"      const {t} v = xr[ow * {sw} + off];",

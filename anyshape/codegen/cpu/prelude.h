@@ -117,9 +117,6 @@ static const char* as_kernel_error(int code) {
        : code == 3 ? "out of memory for kernel scratch space" : "kernel error";
 }
 
-// Row-major C[b] = op(A[b]) @ op(B[b]) over a packed batch. One big GEMM per batch entry
-// uses OpenBLAS's threaded driver; many small ones go through its batched call, which
-// spreads whole GEMMs across the threads.
 #ifdef ANYSHAPE_DNNL
 // oneDNN (plugin mode, when installed): its sgemm for up to 8 rows runs near the GEMM peak
 // where OpenBLAS does not (BERT's shapes, 2 threads, B in cache: 8-row blocks at 145-215
@@ -149,6 +146,9 @@ static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int6
 }
 #endif
 
+// Row-major C[b] = op(A[b]) @ op(B[b]) over a packed batch. One big GEMM per batch entry
+// uses OpenBLAS's threaded driver; many small ones go through its batched call, which
+// spreads whole GEMMs across the threads.
 template <class T>
 static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
                                  int64_t k, const T* a, int64_t lda, const T* b, int64_t ldb,

@@ -7,8 +7,8 @@ used by several consumers and not cheap to recompute (a cheap value — a few
 elementwise ops over values in memory — is recomputed by each elementwise
 consumer instead: a GEMM's bias add feeding both uses inside GELU becomes part
 of the GELU pass; a broadcast used several times stores its source, at its own
-size, and each consumer reads through it). A reshape that must be in memory (a GEMM operand) aliases
-its source's buffer instead of copying it. Every other value is computed
+size, and each consumer reads through it). A reshape that must be in memory (a
+GEMM operand) aliases its source's buffer instead of copying it. Every other value is computed
 inside the loop nest of the kernel that consumes it (loop fusion of
 elementwise, broadcast and view chains; input fusion into reductions). Last,
 ``stitch_plan`` folds row reductions into the kernel that consumes them
@@ -204,6 +204,19 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
     return sched
 
 
+def fused_into(sched: Schedule, root: Node):
+    """The values ``root``'s kernel computes in its loops (not ``root``, nothing in memory)."""
+    seen: set[int] = set()
+    stack = list(root.inputs)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen or sched.is_materialized(n):
+            continue
+        seen.add(id(n))
+        yield n
+        stack.extend(n.inputs)
+
+
 def describe_kernel(sched: Schedule, root: Node) -> str:
     """``stitch softmax-like div f32[s0, 768]: fuses exp x1, reduce x2, ...``: for explain()."""
     kind = (
@@ -214,14 +227,8 @@ def describe_kernel(sched: Schedule, root: Node) -> str:
         )
     )
     fused: dict[str, int] = {}
-    seen: set[int] = set()
-    stack = list(root.inputs)
-    while stack:
-        n = stack.pop()
-        if id(n) in seen or sched.is_materialized(n) or n.op in CHEAP_OPS:
-            continue
-        seen.add(id(n))
-        fused[n.op] = fused.get(n.op, 0) + 1
-        stack.extend(n.inputs)
+    for n in fused_into(sched, root):
+        if n.op not in CHEAP_OPS:
+            fused[n.op] = fused.get(n.op, 0) + 1
     ops = ", ".join(f"{k} x{v}" for k, v in sorted(fused.items()))
     return f"{kind}: {root.op} {root.type}" + (f" <- {ops}" if ops else "")
