@@ -94,11 +94,14 @@ class KernelScope:
         self.speculate = False
         self.may_broadcast = False  # the general variant has a run-time broadcast select
         self.assumptions: list[tuple[str, str]] = []  # (C predicate, its text), speculative
+        # Speculation on extents: the variant for fewer rows (outputs) than threads splits
+        # each row (reduction) over the threads instead of handing whole rows to them.
+        self.split = False
 
-    def begin_variant(self) -> None:
-        """Start emitting the speculative variant of the same kernel (same P and D)."""
+    def begin_variant(self, speculate: bool, split: bool) -> None:
+        """Start emitting another variant of the same kernel (same P and D)."""
         self.lines, self.memo, self.counter = [], {}, 0
-        self.speculate = True
+        self.speculate, self.split = speculate, split
 
     # --- parameters ------------------------------------------------------
     def ptr(self, node: Node) -> str:

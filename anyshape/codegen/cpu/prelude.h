@@ -10,6 +10,11 @@
 
 static inline int64_t as_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static inline int64_t as_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+// Elements per thread's share of a row split over `parts` threads: whole cache lines.
+static inline int64_t as_split_block(int64_t n, int64_t parts) {
+  const int64_t b = ((n + parts - 1) / parts + 15) & ~INT64_C(15);
+  return b > 0 ? b : 16;
+}
 template <class A, class B> struct as_same { static constexpr bool value = false; };
 template <class A> struct as_same<A, A> { static constexpr bool value = true; };
 template <class T> struct as_is_float {

@@ -17,6 +17,7 @@ from .expr import KernelScope
 from .kernels import (
     _SIMD_REDUCTION,
     PARALLEL_WORK,
+    ROW_SPLIT_WORK,
     _acc_type,
     _body,
     _combine,
@@ -24,6 +25,9 @@ from .kernels import (
     _loop_vars,
     _reduce_init,
     _store,
+    split_combine,
+    split_open,
+    split_range,
 )
 
 
@@ -41,14 +45,17 @@ class StitchScope(KernelScope):
         self.row_slots: dict[int, int] = {}  # node id -> slot in the row buffer
         for n in sched.row_buffered.get(id(root), []):
             self.row_slots[id(n)] = len(self.row_slots)
+        self.planned_slots = self.row_slots
         self.row_len = root.shape[-1]
         self.stored: set[int] = set()
         self.row_loops: set[str] = set()  # index names of loops over a whole row
         self.row_values: set[str] = set()  # C names of per-row values (reductions, ...)
 
-    def begin_variant(self) -> None:
-        super().begin_variant()
+    def begin_variant(self, speculate: bool, split: bool) -> None:
+        super().begin_variant(speculate, split)
         self.stored, self.row_loops, self.row_values = set(), set(), set()
+        # Split over threads, a row has no one thread's buffer: its values are recomputed.
+        self.row_slots = {} if split else self.planned_slots
 
     def value(self, node: Node, idx) -> str:
         slot = self.row_slots.get(id(node))
@@ -66,6 +73,13 @@ class StitchScope(KernelScope):
             self.lines.append(f"{where} = {expr};")
         self.memo[key] = expr
         return expr
+
+    def row_parallel(self, n: str) -> str:
+        """OpenMP clauses of a loop over one whole row split over the threads: each loop
+        of the row is its own parallel region, so the bar is higher (softmax over one
+        row of 20000 ran 11 -> 17 us split at the kernels' usual bar)."""
+        bar = ROW_SPLIT_WORK
+        return f"schedule(static) if(({n}) * {self.element_cost} > {bar})"
 
     def _divide(self, n: Node, a: str, b: str) -> str:
         # Dividing a row by a per-row value (softmax's sum): multiply by its reciprocal,
@@ -89,19 +103,35 @@ class StitchScope(KernelScope):
         if float_minmax:
             lines.append(f"int {acc}_nan = 0;")
             simd = f"reduction({kind}:{acc}) reduction(|:{acc}_nan)"
-        if simd:
-            lines.append(f"#pragma omp simd {simd}")
-        lines.append(f"for (int64_t {r} = 0; {r} < {self.dim(x.shape[axis])}; ++{r}) {{")
+        n_red = self.dim(x.shape[axis])
+        loop_acc = acc
+        if simd and self.split:
+            loop_acc = f"{acc}p"
+            lines += split_open(n_red, f"{simd} {self.row_parallel(n_red)}")
+            lines.append(f"{acc_t} {loop_acc} = {_reduce_init(kind, x.dtype)};")
+            if float_minmax:
+                lines.append(f"int {loop_acc}_nan = 0;")
+            lines.append(f"#pragma omp simd {simd.replace(acc, loop_acc)}")
+            lines.append(split_range(r, n_red))
+        else:
+            if simd:
+                lines.append(f"#pragma omp simd {simd}")
+            lines.append(f"for (int64_t {r} = 0; {r} < {n_red}; ++{r}) {{")
 
         def step():
             v = self.value(x, tuple(idx) + (r,))
             if float_minmax:
                 better = ">" if kind == "max" else "<"
-                return f"{acc}_nan |= ({v} != {v}); {acc} = {v} {better} {acc} ? {v} : {acc};"
-            return _combine(kind, acc, v, x.dtype)
+                return (
+                    f"{loop_acc}_nan |= ({v} != {v}); "
+                    f"{loop_acc} = {v} {better} {loop_acc} ? {v} : {loop_acc};"
+                )
+            return _combine(kind, loop_acc, v, x.dtype)
 
         lines += _indent(_body(self, step), 1)
         lines.append("}")
+        if loop_acc != acc:
+            lines += [split_combine(kind, acc, loop_acc, float_minmax), "}", "}"]
         if float_minmax:
             lines.append(f'if ({acc}_nan) {acc} = ({acc_t})__builtin_nan("");')
         self.lines += lines
@@ -113,7 +143,9 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
     """Rows split into one contiguous range per thread; indices stepped, row buffer taken once.
 
     Short rows (attention's 128) made per-row costs visible: a collapsed OpenMP nest
-    recovers its indices with divisions, and the scratch lookup is a TLS call.
+    recovers its indices with divisions, and the scratch lookup is a TLS call. In the
+    split variant (``scope.split``: fewer rows than threads) the rows run one after
+    another and each reduction and the row pass are split over the threads instead.
     """
     names = tuple(_loop_vars(root.rank))
     rows, last = names[:-1], names[-1]
@@ -124,7 +156,10 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
     t = c_type(root.dtype)
     n = scope.dim(root.shape[-1])
     lines: list[str] = []
-    if rows:
+    if rows and scope.split:
+        total = " * ".join(f"({e})" for e in extents)
+        lines += ["{", f"  const int64_t lo = 0, hi = {total};"]
+    elif rows:
         work = scope.dim(root.type.numel)
         total = " * ".join(f"({e})" for e in extents)
         lines += [
@@ -134,6 +169,7 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
             "  const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();",
             "  const int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;",
         ]
+    if rows:
         # The first row's indices, then each row steps them like an odometer.
         rest = "lo"
         for k in range(len(rows) - 1, -1, -1):
@@ -150,9 +186,12 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
         for b in broadcasts:  # the reductions, once per row (memoized for the loop below)
             scope.value(b, rows + ("0",))
         scope.row_values = set(scope.memo.values())
-        scope.lines.append(f"for (int64_t {last} = 0; {last} < {n}; ++{last}) {{")
+        if scope.split:
+            scope.lines += split_open(n, scope.row_parallel(n)) + [split_range(last, n)]
+        else:
+            scope.lines.append(f"for (int64_t {last} = 0; {last} < {n}; ++{last}) {{")
         inner = _body(scope, lambda: _store(scope, root, names, scope._fused(root, names)))
-        scope.lines += _indent(inner, 1) + ["}"]
+        scope.lines += _indent(inner, 1) + ["}"] + ["}", "}"] * scope.split
         return ""
 
     lines += _indent(_body(scope, row), 2 if rows else 0)

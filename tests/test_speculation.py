@@ -1,0 +1,157 @@
+"""Speculation: kernel variants chosen per call by predicates on the bound sizes.
+
+Two kinds of variant, each run here on shapes that select it and shapes that do
+not, against NumPy:
+
+- no run-time broadcast: a dim that may be 1 costs a select per index; the
+  variant assumes it is not 1;
+- extents vs threads: when a kernel has fewer rows (outputs) than threads, the
+  variant splits each row (reduction) over the threads instead of handing whole
+  rows to them.
+
+The executables here run on 3 threads, so 1 and 2 rows take the split variant
+and 3 or more do not. Rows of 5000 elements pass the parallel threshold of a
+loop nest; a stitch kernel splits rows of 40000 (not 5000).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from anyshape.codegen.cpu.executable import CpuExecutable
+from anyshape.ir.parser import parse_graph
+
+THREADS = 3
+
+SOFTMAX_AND_EXP = """graph @spec(%x: f32[s0, s1], %y: f32[s2, s1]) {
+  %0 = broadcast_in_dim(%y) {dims=[0, 1], shape=[s0, s1]} : f32[s0, s1]
+  %1 = add(%x, %0) : f32[s0, s1]
+  %2 = reduce(%1) {axes=[1], kind="max"} : f32[s0]
+  %3 = broadcast_in_dim(%2) {dims=[0], shape=[s0, s1]} : f32[s0, s1]
+  %4 = sub(%1, %3) : f32[s0, s1]
+  %5 = exp(%4) : f32[s0, s1]
+  %6 = reduce(%5) {axes=[1], kind="sum"} : f32[s0]
+  %7 = broadcast_in_dim(%6) {dims=[0], shape=[s0, s1]} : f32[s0, s1]
+  %8 = div(%5, %7) : f32[s0, s1]
+  %9 = exp(%1) : f32[s0, s1]
+  return %8, %9
+}
+"""
+
+REDUCTIONS = """graph @red(%x: f32[s0, s1]) {
+  %0 = reduce(%x) {axes=[0, 1], kind="sum"} : f32[]
+  %1 = mul(%x, %x) : f32[s0, s1]
+  %2 = reduce(%1) {axes=[1], kind="max"} : f32[s0]
+  %3 = reduce(%x) {axes=[1], kind="min"} : f32[s0]
+  return %0, %2, %3
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def softmax_exe():
+    return CpuExecutable(parse_graph(SOFTMAX_AND_EXP), [], num_threads=THREADS)
+
+
+def test_variants_and_their_predicates_are_described(softmax_exe):
+    stitch, pointwise = softmax_exe.kernel_descriptions
+    assert stitch.startswith("stitch:"), stitch
+    assert stitch.endswith(
+        "[variants: s2 != 1 (no run-time broadcast) and s0 rows < threads and rows longer "
+        "than 29127: each row's reductions and pass split over threads | s2 != 1 (no "
+        "run-time broadcast), else whole rows per thread | general]"
+    ), stitch
+    assert pointwise.endswith(
+        "[variants: s2 != 1 (no run-time broadcast) and s0 rows < threads: the last dim "
+        "split over threads | s2 != 1 (no run-time broadcast), else whole rows per thread "
+        "| general]"
+    ), pointwise
+    assert softmax_exe.source.count("< omp_get_max_threads()") == 2
+
+
+@pytest.mark.parametrize(
+    "rows, yrows, width",
+    [
+        (1, 1, 5000),  # s2 is 1: the general variant
+        (2, 2, 40000),  # no broadcast, split variants, parallel inside the row
+        (2, 2, 5000),  # split loop nest, stitch rows too short to split
+        (2, 1, 5000),  # broadcast: the general variant
+        (3, 3, 5000),  # as many rows as threads: rows handed to threads
+        (5, 5, 7),  # short rows
+        (1, 1, 7),  # split variant below the parallel threshold
+        (2, 2, 1),
+        (0, 0, 9),
+    ],
+)
+def test_every_variant_matches_numpy(softmax_exe, rows, yrows, width):
+    rng = np.random.default_rng(rows * 100 + width)
+    x = (4 * rng.standard_normal((rows, width))).astype(np.float32)
+    y = rng.standard_normal((yrows, width)).astype(np.float32)
+    soft, ex = softmax_exe([x, y], [])
+    z = x + y
+    want = np.exp(z - z.max(1, keepdims=True)) if rows else z
+    np.testing.assert_allclose(soft, want / want.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(ex, np.exp(z), rtol=1e-5)
+
+
+def test_reductions_split_when_outputs_are_fewer_than_threads():
+    exe = CpuExecutable(parse_graph(REDUCTIONS), [], num_threads=THREADS)
+    total, square_max, row_min = exe.kernel_descriptions
+    assert "[variants: 1 outputs < threads: each reduction split over threads" in total
+    assert "s0 outputs < threads" in square_max and "s0 outputs < threads" in row_min
+    rng = np.random.default_rng(0)
+    for rows, width in [(1, 40000), (2, 30000), (3, 20000), (7, 3), (1, 1)]:
+        x = rng.standard_normal((rows, width)).astype(np.float32)
+        x[0, width // 2] = 9.0  # the max sits in the second thread's share
+        s, m, lo = exe([x], [])
+        np.testing.assert_allclose(s, x.astype(np.float64).sum(), rtol=1e-5, atol=1e-3)
+        np.testing.assert_array_equal(m, (x * x).max(1))
+        np.testing.assert_array_equal(lo, x.min(1))
+
+
+def test_split_max_propagates_nan():
+    exe = CpuExecutable(parse_graph(REDUCTIONS), [], num_threads=THREADS)
+    x = np.ones((1, 50000), np.float32)
+    x[0, 49000] = np.nan
+    s, m, lo = exe([x], [])
+    assert np.isnan(s) and np.isnan(m).all() and np.isnan(lo).all()
+
+
+def test_a_short_static_row_has_no_split_variant():
+    graph = parse_graph(
+        """graph @short(%x: f32[s0, 64]) {
+  %0 = exp(%x) : f32[s0, 64]
+  return %0
+}
+"""
+    )
+    exe = CpuExecutable(graph, [], num_threads=THREADS)
+    assert "[variants" not in exe.kernel_descriptions[0]
+    x = np.linspace(-3, 3, 128, dtype=np.float32).reshape(2, 64)
+    np.testing.assert_allclose(exe([x], [])[0], np.exp(x), rtol=1e-6)
+
+
+def test_one_long_row_is_split_and_a_short_one_is_not():
+    graph = parse_graph(
+        """graph @row(%x: f32[s0]) {
+  %0 = reduce(%x) {axes=[0], kind="max"} : f32[]
+  %1 = broadcast_in_dim(%0) {dims=[], shape=[s0]} : f32[s0]
+  %2 = sub(%x, %1) : f32[s0]
+  %3 = exp(%2) : f32[s0]
+  %4 = reduce(%3) {axes=[0], kind="sum"} : f32[]
+  %5 = broadcast_in_dim(%4) {dims=[], shape=[s0]} : f32[s0]
+  %6 = div(%3, %5) : f32[s0]
+  return %6
+}
+"""
+    )
+    exe = CpuExecutable(graph, [], num_threads=THREADS)
+    (stitch,) = exe.kernel_descriptions
+    assert "1 rows < threads and rows longer than" in stitch, stitch
+    rng = np.random.default_rng(1)
+    for n in [1, 7, 100, 60000]:
+        x = (3 * rng.standard_normal(n)).astype(np.float32)
+        (got,) = exe([x], [])
+        want = np.exp(x - x.max())
+        np.testing.assert_allclose(got, want / want.sum(), rtol=1e-5, atol=1e-9)
