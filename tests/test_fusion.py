@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -195,3 +196,50 @@ def test_parallel_threshold_weighs_transcendentals():
         x = torch.randn(rows, 768)
         for got, want in zip(opt(x), model(x)):
             torch.testing.assert_close(got, want, **TOL)
+
+
+HORIZONTAL_IR = """graph @h(%x: f32[s0, s1], %y: f32[s0, s1]) {
+  %0 = exp(%x) : f32[s0, s1]
+  %1 = reduce(%0) {axes=[0], kind="sum"} : f32[s1]
+  %2 = broadcast_in_dim(%1) {dims=[1], shape=[s0, s1]} : f32[s0, s1]
+  %3 = mul(%y, %2) : f32[s0, s1]
+  %4 = sin(%y) : f32[s0, s1]
+  return %0, %3, %4
+}
+"""
+
+
+def test_independent_loop_nests_over_one_shape_fuse_horizontally():
+    """exp(x) and sin(y) share one loop nest; mul(y, colsum(exp(x))) cannot join them
+    (it reads a kernel that runs after the group)."""
+    from anyshape.codegen.cpu.executable import CpuExecutable
+    from anyshape.ir.parser import parse_graph
+
+    exe = CpuExecutable(parse_graph(HORIZONTAL_IR), [])
+    assert exe.kernel_labels[0] == "exp f32[s0, s1] + 1 more", exe.kernel_labels
+    assert exe.kernel_descriptions[0].startswith("horizontal loop x2: exp f32[s0, s1] <- sin x1")
+    assert len(exe.kernel_labels) == 3 and exe.kernel_labels[2].startswith("mul ")
+    rng = np.random.default_rng(0)
+    for shape in [(1, 1), (3, 5), (2, 3000)]:
+        x, y = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+        e, m, s = exe([x, y], [])
+        np.testing.assert_allclose(e, np.exp(x), rtol=1e-6)
+        np.testing.assert_allclose(m, y * np.exp(x).sum(0), rtol=1e-5)
+        np.testing.assert_allclose(s, np.sin(y), rtol=1e-5, atol=1e-6)
+
+
+def test_gpt2_query_and_value_head_transposes_share_one_kernel():
+    cfg = transformers.GPT2Config(
+        n_embd=64, n_head=4, n_layer=1, vocab_size=100, n_positions=64, use_cache=False
+    )
+    model = transformers.GPT2Model(cfg).eval()
+    opt = anyshape.optimize(model, (torch.randint(0, 100, (2, 7)),))
+    (cluster,) = opt.report.clusters
+    described = cluster.compiled.native.kernel_descriptions
+    qv = [d for d in described if d.startswith("horizontal loop x2: transpose")]
+    assert len(qv) == 1, described
+    for b, s in [(1, 1), (3, 9), (2, 30)]:
+        ids = torch.randint(0, 100, (b, s))
+        torch.testing.assert_close(
+            opt(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-4, atol=1e-4
+        )

@@ -23,7 +23,7 @@ from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
 from .kernels import Kernel, emit_kernel
 from .memory import MemoryPlan, plan_memory
-from .schedule import SOURCE_OPS, describe_kernel, plan_schedule
+from .schedule import SOURCE_OPS, describe_kernel, members, plan_schedule
 
 
 def c_int(e, sym=lambda s: f"S_{s}") -> str:
@@ -90,7 +90,7 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     host, slots = _host_function(graph, sched, buffer_of, kernels, names, extra_symbols)
     lines += host
     params = [n.attr("name") for n in sched.materialized if n.op == "param"]
-    labels = [kernel_label(k.root) for k in kernels]
+    labels = [kernel_label(k.root, len(members(sched, k.root))) for k in kernels]
     described = [
         describe_kernel(sched, k.root)
         + (f" [variants: {' | '.join(k.variants)}]" if k.variants else "")
@@ -99,9 +99,10 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params, labels, described)
 
 
-def kernel_label(root: Node) -> str:
-    """``op f32[s0, 768]``: what a profiled call site computes."""
-    return f"{root.op} {root.type}"
+def kernel_label(root: Node, outputs: int = 1) -> str:
+    """``op f32[s0, 768]``: what a profiled call site computes (``+ 2 more`` when a
+    horizontal group writes 3 outputs)."""
+    return f"{root.op} {root.type}" + (f" + {outputs - 1} more" if outputs > 1 else "")
 
 
 def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_symbols):
@@ -195,8 +196,8 @@ def _workspace(plan: MemoryPlan) -> list[str]:
         return []
     n = len(plan.slots)
     lines = [f"int64_t ws_offset[{n + 1}]; ws_offset[0] = 0;"]
-    for k, members in enumerate(plan.slots):
-        sizes = [c_int(plan.bytes[b]) for b in members]
+    for k, slot in enumerate(plan.slots):
+        sizes = [c_int(plan.bytes[b]) for b in slot]
         lines.append(
             f"ws_offset[{k + 1}] = ws_offset[{k}] + as_round64({_fold('as_max64', sizes)});"
         )

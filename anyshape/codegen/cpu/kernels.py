@@ -29,7 +29,7 @@ from . import pool_emit
 from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
 from .hoist import hoist_invariants
-from .schedule import EXPENSIVE_OPS, Schedule, fused_into
+from .schedule import EXPENSIVE_OPS, Schedule, fused_into, members
 
 PARALLEL_WORK = 32768  # work (elements x cost per element) below which a kernel stays serial
 BLOCK = 4096  # elements per parallel block of a 1-D loop
@@ -143,7 +143,12 @@ def _emit_pointwise(scope: KernelScope, root: Node) -> list[str]:
     lines: list[str] = []
     mode = "inner" if scope.split else "outer"
     _nest_open(scope, root.shape, names, scope.dim(root.type.numel), lines, mode)
-    body = _body(scope, lambda: _store(scope, root, names, scope._fused(root, names)))
+    group = members(scope.sched, root)  # a horizontal group stores each member
+
+    def stores():
+        return " ".join(_store(scope, m, names, scope._fused(m, names)) for m in group)
+
+    body = _body(scope, stores)
     lines += _indent(body, 2 if root.rank else 0)
     _nest_close(root.rank, lines)
     return lines
@@ -609,8 +614,9 @@ def element_cost(sched: Schedule, root: Node) -> int:
     exp-heavy softmax over [8, 768] (2.3 us of exp alone) uses both cores while a
     copy of the same size stays on one.
     """
-    nodes = [root, *fused_into(sched, root)]
-    return min(1 + sum(EXPENSIVE_OPS.get(n.op, 0) for n in nodes), 32)
+    group = members(sched, root)
+    nodes = [*group, *fused_into(sched, root)]
+    return min(len(group) + sum(EXPENSIVE_OPS.get(n.op, 0) for n in nodes), 32)
 
 
 def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate: bool):

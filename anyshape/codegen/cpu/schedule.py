@@ -12,7 +12,8 @@ GEMM operand) aliases its source's buffer instead of copying it. Every other val
 inside the loop nest of the kernel that consumes it (loop fusion of
 elementwise, broadcast and view chains; input fusion into reductions). Last,
 ``stitch_plan`` folds row reductions into the kernel that consumes them
-(softmax, layer norm: one kernel, one pass over memory).
+(softmax, layer norm: one kernel, one pass over memory), and ``horizontal``
+merges independent loop nests over the same shape into one kernel.
 
 The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...ir.graph import Graph, Node
+from .horizontal import plan_horizontal
 from .stitch_plan import plan_stitches
 
 ROOT_OPS = {"reduce", "argreduce", "cumulative", "dot", "convolution", "pool"}
@@ -54,6 +56,8 @@ class Schedule:
     stitches: dict[int, list[Node]] = field(default_factory=dict)
     # ... and the full-row values it keeps in a per-thread row buffer (softmax's exp)
     row_buffered: dict[int, list[Node]] = field(default_factory=dict)
+    # horizontal groups (horizontal): the first member's id -> every member, in order
+    horizontal: dict[int, list[Node]] = field(default_factory=dict)
 
     def is_materialized(self, node: Node) -> bool:
         return id(node) in self._mat
@@ -201,13 +205,40 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
     sched.kernels = [
         n for n in sched.materialized if n.op not in SOURCE_OPS and id(n) not in sched.aliases
     ]
+    if stitch:
+        pointwise = {
+            id(k) for k in sched.kernels if k.op not in ROOT_OPS and id(k) not in sched.stitches
+        }
+        sched.kernels, sched.horizontal = plan_horizontal(
+            sched.kernels, pointwise, lambda k: _kernel_reads(sched, k)
+        )
     return sched
 
 
+def _kernel_reads(sched: Schedule, root: Node) -> set[int]:
+    """Ids of the values in memory ``root``'s kernel reads (a reshape alias as its owner)."""
+    out, seen, stack = set(), set(), list(root.inputs)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if sched.is_materialized(n):
+            out.add(id(sched.aliases.get(id(n), n)))
+        else:
+            stack.extend(n.inputs)
+    return out
+
+
+def members(sched: Schedule, root: Node) -> list[Node]:
+    """The outputs ``root``'s kernel writes: its horizontal group, or ``root`` alone."""
+    return sched.horizontal.get(id(root), [root])
+
+
 def fused_into(sched: Schedule, root: Node):
-    """The values ``root``'s kernel computes in its loops (not ``root``, nothing in memory)."""
+    """The values ``root``'s kernel computes in its loops (not its outputs, nothing in memory)."""
     seen: set[int] = set()
-    stack = list(root.inputs)
+    stack = [i for m in members(sched, root) for i in m.inputs]
     while stack:
         n = stack.pop()
         if id(n) in seen or sched.is_materialized(n):
@@ -226,8 +257,11 @@ def describe_kernel(sched: Schedule, root: Node) -> str:
             root.op, "reduce" if root.op in ROOT_OPS else "loop"
         )
     )
+    group = members(sched, root)
+    if len(group) > 1:
+        kind = f"horizontal loop x{len(group)}"
     fused: dict[str, int] = {}
-    for n in fused_into(sched, root):
+    for n in [*group[1:], *fused_into(sched, root)]:
         if n.op not in CHEAP_OPS:
             fused[n.op] = fused.get(n.op, 0) + 1
     ops = ", ".join(f"{k} x{v}" for k, v in sorted(fused.items()))
