@@ -1,11 +1,14 @@
 """Memory-bound micrographs at fixed sizes: eager, Inductor (dynamic=True) and anyshape.
 
-Run: ``python -m benchmarks.fusion [--repeat N]``. Each graph runs at a large
+Run: ``python -m benchmarks.fusion [--repeat N] [--long-rows]``. Each graph runs at a large
 size ([4096, 768]; attention [8, 12, 128, 128]) and a small one ([8, 768];
 attention [1, 1, 8, 768]) after compiling once from a third shape, so every
 backend runs shapes it did not compile for. Prints the median time, the ratios
 against eager and Inductor, and GB/s (bytes of inputs + outputs over time) as
 a share of this machine's copy bandwidth measured in the same run.
+
+``--long-rows`` instead runs graphs over fewer rows than threads ([1, 2^21]:
+one long row), where kernels take their split-row variants.
 """
 
 from __future__ import annotations
@@ -33,6 +36,19 @@ class BiasGelu768(BiasGelu):
 class LayerNormGelu(LayerNorm):
     def forward(self, x):
         return F.gelu(self.norm(x))
+
+
+class Square(torch.nn.Module):
+    def forward(self, x):
+        return x * x
+
+
+class SumAll(torch.nn.Module):
+    def forward(self, x):
+        return x.sum()
+
+
+LONG_ROWS = {"softmax": Softmax, "square": Square, "sum": SumAll}
 
 
 def _rows(*names):
@@ -74,7 +90,10 @@ def _median_seconds(fn, inputs: dict, repeat: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--long-rows", action="store_true", help="one row of 2^21 elements")
     args = ap.parse_args()
+    if args.long_rows:
+        return _long_rows(args.repeat)
     copy = probes.copy_bandwidth(512)["gb_per_s"]
     print(f"copy bandwidth {copy:.1f} GB/s, {torch.get_num_threads()} threads")
     print(
@@ -102,6 +121,27 @@ def main() -> None:
                     f"{t['anyshape'] * 1e6:.1f} | {t['eager'] / t['anyshape']:.2f}x | "
                     f"{t['inductor'] / t['anyshape']:.2f}x | {gbs:.1f} | {100 * gbs / copy:.0f} % |"
                 )
+
+
+def _long_rows(repeat: int) -> None:
+    print(f"{torch.get_num_threads()} threads")
+    print("| graph | size | eager us | inductor us | anyshape us | vs eager | vs inductor |")
+    print("|---|---|---|---|---|---|---|")
+    with torch.no_grad():
+        for name, cls in LONG_ROWS.items():
+            model = cls().eval()
+            compiled = {
+                "eager": model,
+                "inductor": torch.compile(model, dynamic=True),
+                "anyshape": anyshape.optimize(model, (torch.randn(4, 64),)),
+            }
+            inputs = {"x": torch.randn(1, 1 << 21)}
+            t = {k: _median_seconds(f, inputs, repeat) for k, f in compiled.items()}
+            print(
+                f"| {name} | 1x{1 << 21} | {t['eager'] * 1e6:.0f} | {t['inductor'] * 1e6:.0f} | "
+                f"{t['anyshape'] * 1e6:.0f} | {t['eager'] / t['anyshape']:.2f}x | "
+                f"{t['inductor'] / t['anyshape']:.2f}x |"
+            )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ for every assignment of the symbols that satisfies the recorded facts.
 
 import itertools
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -316,3 +317,35 @@ def test_bounds_and_divisibility_are_sound(facts, e):
         assert lo is None or lo <= v, f"bounds({e}) = {(lo, hi)} but {v} at {env}"
         assert hi is None or v <= hi, f"bounds({e}) = {(lo, hi)} but {v} at {env}"
         assert not div2 or v % 2 == 0, f"{e} proved even but is {v} at {env}"
+
+
+def test_canonical_shapes_write_equal_dims_one_way_and_loops_then_fuse():
+    """``add(x, y)`` makes s2 == s0: afterwards sin(y) is f32[s0, s1] like exp(x), and the
+    three loop nests over one shape become one kernel; inputs keep their own dims."""
+    from anyshape.codegen.cpu.executable import CpuExecutable
+    from anyshape.config import Options
+    from anyshape.errors import InputError
+    from anyshape.ir.dtypes import DType
+    from anyshape.ir.graph import GraphBuilder
+    from anyshape.ir.types import TensorType
+    from anyshape.passes import canonical_shapes
+
+    b = GraphBuilder(name="canon")
+    x = b.input("x", TensorType(DType.f32, (S0, S1)))
+    y = b.input("y", TensorType(DType.f32, (S2, S1)))
+    graph = b.build([b.op("exp", x), b.op("sin", y), b.op("add", x, y)])
+    assert str(graph.outputs[1].type) == "f32[s2, s1]"
+    out = canonical_shapes.run(graph, Options())
+    rep = out.outputs[0].type
+    assert all(o.type == rep for o in out.outputs), [str(o.type) for o in out.outputs]
+    assert [str(i.type) for i in out.inputs] == ["f32[s0, s1]", "f32[s2, s1]"]
+    assert canonical_shapes.run(out, Options()) is out  # a fixpoint
+    exe = CpuExecutable(out, [])
+    assert exe.kernel_descriptions[0].startswith("horizontal loop x3"), exe.kernel_descriptions
+    x, y = np.full((2, 3), 0.5, np.float32), np.full((2, 3), 0.25, np.float32)
+    e, s, a = exe([x, y], [])
+    np.testing.assert_allclose(e, np.exp(x), rtol=1e-6)
+    np.testing.assert_allclose(s, np.sin(y), rtol=1e-6)
+    np.testing.assert_allclose(a, x + y)
+    with pytest.raises(InputError, match="s0 == s2|s2 == s0|dim 0"):
+        exe([x, np.zeros((3, 3), np.float32)], [])

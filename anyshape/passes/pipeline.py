@@ -13,9 +13,10 @@ import os
 from ..config import Options
 from ..ir.graph import Graph
 from ..ir.verifier import verify_graph
-from . import simplify
+from . import canonical_shapes, simplify
 
 PIPELINE = [
+    ("canonical_shapes", canonical_shapes.run),  # equal dims written one way (the store's)
     ("simplify", simplify.run),  # fold no-op casts/reshapes/transposes, compose view chains
 ]
 

@@ -24,7 +24,7 @@ import numpy as np
 from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
-from ...ir.symbolic import SymExpr
+from ...ir.symbolic import SymExpr, format_dim
 from . import pool_emit
 from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
@@ -602,8 +602,6 @@ def _split_extent(sched: Schedule, root: Node):
 
 
 def _extent_text(e) -> str:
-    from ...ir.symbolic import format_dim
-
     return format_dim(e) if isinstance(e, (int, SymExpr)) else str(e)
 
 
