@@ -243,3 +243,42 @@ def test_gpt2_query_and_value_head_transposes_share_one_kernel():
         torch.testing.assert_close(
             opt(ids).last_hidden_state, model(ids).last_hidden_state, rtol=1e-4, atol=1e-4
         )
+
+
+class ResidualBlock(torch.nn.Module):
+    """conv-BN-ReLU, a grouped conv-BN, and a projection shortcut closing the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(4, 8, 3, padding=1, bias=False), torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2, bias=False)
+        self.b2 = torch.nn.BatchNorm2d(8)
+        self.short = torch.nn.Conv2d(4, 8, 1, stride=1, bias=False)
+        self.bs = torch.nn.BatchNorm2d(8)
+        for bn in (self.b1, self.b2, self.bs):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+            bn.weight.data.uniform_(0.5, 1.5)
+            bn.bias.data.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + self.bs(self.short(x)))
+
+
+def test_convolution_runs_its_batch_norm_and_relu_as_an_epilogue():
+    """Each image's conv output gets BN + ReLU while in cache; the closing add reads two
+    convolutions, and only the later one hosts it. Shapes cover the per-image GEMMs,
+    the batched GEMM of small images (under 256 positions, batch > 1) and batch 1."""
+    model = ResidualBlock().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 4, 9, 9),))
+    (cluster,) = opt.report.clusters
+    described = cluster.compiled.native.kernel_descriptions
+    convs = [d for d in described if d.startswith("im2col + GEMM")]
+    assert len(convs) == 3, described
+    assert sum("+ epilogue" in d for d in convs) == 2, described
+    assert not any(d.startswith("loop: max") for d in described), described
+    with torch.no_grad():
+        for shape in [(1, 4, 5, 5), (3, 4, 7, 9), (2, 4, 20, 17), (1, 4, 31, 30), (4, 4, 1, 1)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)

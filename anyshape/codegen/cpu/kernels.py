@@ -33,6 +33,8 @@ from .schedule import EXPENSIVE_OPS, Schedule, fused_into, members
 
 PARALLEL_WORK = 32768  # work (elements x cost per element) below which a kernel stays serial
 BLOCK = 4096  # elements per parallel block of a 1-D loop
+# Output positions per image below which a batch's convolution is one GEMM over all images.
+BATCHED_CONV_POSITIONS = 256
 # Work of one row below which a stitch kernel keeps it on one thread: each of the row's
 # loops is its own parallel region (softmax over one row of 20000: 11 -> 17 us split).
 ROW_SPLIT_WORK = 8 * PARALLEL_WORK
@@ -473,6 +475,17 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
     Q = scope.dim(_product(x.shape[2:]))
     direct = ksize == 1 and all(v == 1 for v in stride) and not any(pad)
     lines = [f"if ({N} == 0 || {P} == 0) return 0;"]
+    # Few output positions per image (a CNN's last stages: 7x7) make each image's GEMM
+    # too narrow to run at speed: then the columns of all images go side by side.
+    epilogue = scope.sched.epilogues.get(id(root))
+    lines.append(f"if ({N} > 1 && {P} < {BATCHED_CONV_POSITIONS}) {{")
+    lines += _indent(_conv_batched(root, scope, direct, ins, outs), 1)
+    if epilogue is not None:
+        lines.append(f"  for (int64_t n = 0; n < {N}; ++n) {{")
+        lines += _indent(_epilogue(scope, epilogue), 2)
+        lines.append("  }")
+    lines.append("  return 0;")
+    lines.append("}")
     if not direct:
         lines.append(f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {rows} * {P});")
         lines.append("if (!col) return 3;")
@@ -498,7 +511,80 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
         f"(const {t}*){pw} + g * {og * rows}, {rows}, B, {P}, "
         f"({t}*){po} + (n * {w.shape[0]} + g * {og}) * {P}, 1);"
     )
+    if epilogue is not None:  # this image's output, still in cache
+        lines.append(f"  if (g == {g} - 1) {{")
+        lines += _indent(_epilogue(scope, epilogue), 2)
+        lines.append("  }")
     lines.append("}")
+    return lines
+
+
+def _epilogue(scope: KernelScope, epilogue: Node) -> list[str]:
+    """The epilogue loop nest over one image ``n`` of the convolution's output."""
+    names = ("n", *_loop_vars(epilogue.rank)[1:])
+    lines: list[str] = []
+    work = scope.dim(_product(epilogue.shape[1:]))
+    _nest_open(scope, epilogue.shape[1:], names[1:], work, lines)
+    body = _body(scope, lambda: _store(scope, epilogue, names, scope._fused(epilogue, names)))
+    lines += _indent(body, 2)
+    _nest_close(epilogue.rank - 1, lines)
+    return lines
+
+
+def _conv_batched(root: Node, scope: KernelScope, direct: bool, ins, outs) -> list[str]:
+    """im2col + GEMM with every image's columns side by side: one GEMM of N x P columns
+    per group into a scratch, then each image's rows copied to the output."""
+    x, w = root.inputs
+    t = c_type(root.dtype)
+    nsp = len(root.attr("padding"))
+    kernel = [int(k) for k in w.shape[2:]]
+    stride, pad, dil = root.attr("stride"), root.attr("padding"), root.attr("dilation")
+    g = root.attr("groups")
+    og, cg = w.shape[0] // g, w.shape[1]
+    ksize = int(_product(kernel))
+    rows = cg * ksize
+    px, pw, po = scope.ptr(x), scope.ptr(w), scope.ptr(root)
+    N, C = scope.dim(x.shape[0]), scope.dim(x.shape[1])
+    P = scope.dim(_product(root.shape[2:]))
+    Q = scope.dim(_product(x.shape[2:]))
+    lines = [
+        f"const int64_t NP = {N} * {P};",
+        f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * ({rows} + {og}) * NP);",
+        "if (!col) return 3;",
+        f"{t}* acc = col + (int64_t){rows} * NP;",
+        f"for (int64_t g = 0; g < {g}; ++g) {{",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({rows} * NP > 32768)",
+        f"  for (int64_t r = 0; r < {rows}; ++r) for (int64_t n = 0; n < {N}; ++n) {{",
+        f"    const {t}* xg = (const {t}*){px} + (n * {C} + g * {cg}) * {Q};",
+        f"    {t}* dst = col + r * NP + n * {P};",
+    ]
+    if direct:
+        lines += [
+            f"    const {t}* xc = xg + r * {Q};",
+            "    #pragma omp simd",
+            f"    for (int64_t q = 0; q < {P}; ++q) dst[q] = xc[q];",
+        ]
+    else:
+        lines.append(f"    int64_t rem = r % {ksize};")
+        lines.append(f"    const {t}* xc = xg + (r / {ksize}) * {Q};")
+        for sdim in range(nsp - 1, -1, -1):
+            lines.append(
+                f"    const int64_t k{sdim} = rem % {kernel[sdim]}; rem /= {kernel[sdim]};"
+            )
+        lines += _im2col_row(t, nsp, stride, pad, dil, ins, outs)
+    lines += [
+        "  }",
+        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {og}, NP, {rows}, "
+        f"(const {t}*){pw} + g * {og * rows}, {rows}, col, NP, acc, 1);",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({og} * NP > 32768)",
+        f"  for (int64_t n = 0; n < {N}; ++n) for (int64_t o = 0; o < {og}; ++o) {{",
+        f"    {t}* out = ({t}*){po} + (n * {w.shape[0]} + g * {og} + o) * {P};",
+        f"    const {t}* src = acc + o * NP + n * {P};",
+        "    #pragma omp simd",
+        f"    for (int64_t q = 0; q < {P}; ++q) out[q] = src[q];",
+        "  }",
+        "}",
+    ]
     return lines
 
 

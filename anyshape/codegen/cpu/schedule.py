@@ -12,7 +12,8 @@ GEMM operand) aliases its source's buffer instead of copying it. Every other val
 inside the loop nest of the kernel that consumes it (loop fusion of
 elementwise, broadcast and view chains; input fusion into reductions). Last,
 ``stitch_plan`` folds row reductions into the kernel that consumes them
-(softmax, layer norm: one kernel, one pass over memory), and ``horizontal``
+(softmax, layer norm: one kernel, one pass over memory), ``epilogue_plan``
+runs a convolution's elementwise consumer inside it, and ``horizontal``
 merges independent loop nests over the same shape into one kernel.
 
 The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
@@ -21,8 +22,10 @@ The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 from ...ir.graph import Graph, Node
+from .epilogue_plan import plan_epilogues
 from .horizontal import plan_horizontal
 from .stitch_plan import plan_stitches
 
@@ -56,6 +59,8 @@ class Schedule:
     stitches: dict[int, list[Node]] = field(default_factory=dict)
     # ... and the full-row values it keeps in a per-thread row buffer (softmax's exp)
     row_buffered: dict[int, list[Node]] = field(default_factory=dict)
+    # convolution epilogues (epilogue_plan): convolution id -> the loop nest it runs
+    epilogues: dict[int, Node] = field(default_factory=dict)
     # horizontal groups (horizontal): the first member's id -> every member, in order
     horizontal: dict[int, list[Node]] = field(default_factory=dict)
 
@@ -206,12 +211,27 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
         n for n in sched.materialized if n.op not in SOURCE_OPS and id(n) not in sched.aliases
     ]
     if stitch:
+        from .expr import BINARY, UNARY  # (expr reads the schedule)
+
+        reads = partial(_kernel_reads, sched)
+        aliased = {id(a) for a in sched.aliases.values()}
+        elementwise = set(UNARY) | set(BINARY) | {"convert", "select", "div", "rem"}
+        sched.epilogues = plan_epilogues(
+            sched.kernels, sched.stitches, outputs, aliased, reads, elementwise
+        )
+        # A convolution runs where its epilogue ran: after whatever else the epilogue reads
+        # (batch norm's scale and shift), and nothing else reads the convolution.
+        conv_of = {id(e): c for c, e in zip(sched.epilogues, sched.epilogues.values())}
+        by_id = {id(k): k for k in sched.kernels}
+        sched.kernels = [
+            by_id[conv_of[id(k)]] if id(k) in conv_of else k
+            for k in sched.kernels
+            if id(k) not in sched.epilogues
+        ]
         pointwise = {
             id(k) for k in sched.kernels if k.op not in ROOT_OPS and id(k) not in sched.stitches
         }
-        sched.kernels, sched.horizontal = plan_horizontal(
-            sched.kernels, pointwise, lambda k: _kernel_reads(sched, k)
-        )
+        sched.kernels, sched.horizontal = plan_horizontal(sched.kernels, pointwise, reads)
     return sched
 
 
@@ -239,6 +259,10 @@ def fused_into(sched: Schedule, root: Node):
     """The values ``root``'s kernel computes in its loops (not its outputs, nothing in memory)."""
     seen: set[int] = set()
     stack = [i for m in members(sched, root) for i in m.inputs]
+    epilogue = sched.epilogues.get(id(root))
+    if epilogue is not None:  # the epilogue and its ops, up to what is in memory
+        yield epilogue
+        stack += epilogue.inputs
     while stack:
         n = stack.pop()
         if id(n) in seen or sched.is_materialized(n):
@@ -260,6 +284,8 @@ def describe_kernel(sched: Schedule, root: Node) -> str:
     group = members(sched, root)
     if len(group) > 1:
         kind = f"horizontal loop x{len(group)}"
+    if id(root) in sched.epilogues:
+        kind += " + epilogue"
     fused: dict[str, int] = {}
     for n in [*group[1:], *fused_into(sched, root)]:
         if n.op not in CHEAP_OPS:
