@@ -133,7 +133,7 @@ def _long_rows(repeat: int) -> None:
             compiled = {
                 "eager": model,
                 "inductor": torch.compile(model, dynamic=True),
-                "anyshape": anyshape.optimize(model, (torch.randn(4, 64),)),
+                "anyshape": anyshape.optimize(model, {"x": torch.randn(4, 64)}),
             }
             inputs = {"x": torch.randn(1, 1 << 21)}
             t = {k: _median_seconds(f, inputs, repeat) for k, f in compiled.items()}

@@ -244,24 +244,24 @@ def _emit_reduce(scope: KernelScope, root: Node) -> list[str]:
         inner.append("int acc_nan = 0;  // an int: a bool flag blocks vectorization (13x slower)")
         simd = f"reduction({kind}:acc) reduction(|:acc_nan)"
     loop_acc = "acc"
+    if scope.split:  # fewer outputs than threads: blocks of the innermost reduced dim
+        n_last = scope.dim(x.shape[axes[-1]])
+        clause = (simd or f"reduction({kind}:acc)") + (
+            f" schedule(static) if(({work}) * {scope.element_cost} > {PARALLEL_WORK})"
+        )
+        inner += split_open(n_last, clause)
+        inner.append(f"{acc_t} accp = {_reduce_init(kind, x.dtype)};")
+        if float_minmax:
+            inner.append("int accp_nan = 0;")
+        loop_acc = "accp"
     for k, a in enumerate(axes):
         n_axis = scope.dim(x.shape[a])
-        if scope.split and k == 0:  # fewer outputs than threads: split the reduction
-            clause = (simd or f"reduction({kind}:acc)") + (
-                f" schedule(static) if(({work}) * {scope.element_cost} > {PARALLEL_WORK})"
-            )
-            inner += split_open(n_axis, clause)
-            inner.append(f"{acc_t} accp = {_reduce_init(kind, x.dtype)};")
-            if float_minmax:
-                inner.append("int accp_nan = 0;")
-            loop_acc = "accp"
-            if simd and len(axes) == 1:
-                inner.append(f"#pragma omp simd {simd.replace('acc', 'accp')}")
-            inner.append(split_range(f"r{a}", n_axis))
-            continue
         if simd and k == len(axes) - 1:
             inner.append(f"#pragma omp simd {simd.replace('acc', loop_acc)}")
-        inner.append(f"for (int64_t r{a} = 0; r{a} < {n_axis}; ++r{a}) {{")
+        if scope.split and k == len(axes) - 1:
+            inner.append(split_range(f"r{a}", n_axis))
+        else:
+            inner.append(f"for (int64_t r{a} = 0; r{a} < {n_axis}; ++r{a}) {{")
 
     def step():
         v = scope.value(x, tuple(idx))
