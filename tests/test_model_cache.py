@@ -154,3 +154,16 @@ def test_stale_entry_is_caught_by_the_eager_check(tmp_path):
 def test_model_cache_off_writes_nothing(tmp_path):
     anyshape.optimize(_bert(), _inputs(2, 8), model_cache=False)
     assert _entries(tmp_path) == []
+
+
+def test_the_key_changes_with_anyshape_source(monkeypatch):
+    """An entry written by other anyshape code (a development build of the same
+    version) is never restored: the package's own source is part of the key."""
+    from anyshape.config import Options
+    from anyshape.plugin import model_cache
+
+    model = torch.nn.Linear(4, 4).eval()
+    args = (torch.randn(2, 4),)
+    before = model_cache.fingerprint(model, args, {}, None, Options())
+    monkeypatch.setattr(model_cache, "package_digest", lambda: "other source")
+    assert model_cache.fingerprint(model, args, {}, None, Options()) != before

@@ -12,14 +12,15 @@ weight values need no new entry.
 The key fingerprints what decides the captured graph without running it: the
 source of every module class in the model, every module's plain attributes
 (and a transformers config), parameter and buffer names, shapes and dtypes, the
-example inputs' structure, shapes and dtypes, the options, and the torch and
-anyshape versions. A restored model is checked against eager on the example
-before it is returned; any disagreement or defect drops the entry and compiles
-from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns it off.
+example inputs' structure, shapes and dtypes, the options, the torch and
+anyshape versions, and a hash of anyshape's own source. A restored model is
+checked against eager on the example before it is returned; any disagreement
+or defect drops the entry and compiles from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns it off.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
@@ -70,6 +71,19 @@ def _closure(cls) -> list[str]:
     return [_describe(c.cell_contents) for c in cells]
 
 
+@functools.cache
+def package_digest() -> str:
+    """A hash of anyshape's own source: an entry written by other code (a development
+    build of the same version) is never restored, since capture, lowering and the
+    passes decide what the entry holds."""
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.suffix in (".py", ".h", ".c") and "__pycache__" not in f.parts:
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def fingerprint(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options) -> str | None:
     """The cache key of compiling ``model`` on these examples, or None when it has none."""
     if not isinstance(model, torch.nn.Module) or dynamic_shapes is not None:
@@ -81,7 +95,7 @@ def fingerprint(model, args: tuple, kwargs: dict, dynamic_shapes, options: Optio
             h.update(repr(p).encode())
             h.update(b"\0")
 
-    add(FORMAT, VERSION, torch.__version__, sorted(vars(options).items()))
+    add(FORMAT, VERSION, package_digest(), torch.__version__, sorted(vars(options).items()))
     try:
         for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
             add(cls.__module__, cls.__qualname__, inspect.getsource(cls), _closure(cls))
