@@ -62,7 +62,7 @@ def _reads_elementwise(root: Node, conv: Node, in_memory: set[int], elementwise)
         if id(n) in in_memory:
             return False
         if id(n) not in seen:
-            hit = any([reaches(i) for i in n.inputs])
+            hit = any([reaches(i) for i in n.inputs])  # a list: every path is checked
             if hit and (n.op not in elementwise or tuple(n.shape) != tuple(conv.shape)):
                 ok = False
             seen[id(n)] = hit

@@ -449,67 +449,118 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     return lines
 
 
+@dataclass(frozen=True)
+class _Conv:
+    """One float convolution's geometry, as C expressions and static ints."""
+
+    t: str  # element C type
+    kernel: list[int]
+    stride: tuple
+    pad: tuple
+    dil: tuple
+    groups: int
+    og: int  # output channels per group
+    cg: int  # input channels per group
+    out_channels: int
+    ksize: int  # taps per channel
+    rows: int  # column-matrix rows per group: cg x taps
+    px: str
+    pw: str
+    po: str
+    N: str
+    C: str
+    P: str  # output positions per image
+    Q: str  # input positions per image
+    ins: list[str]
+    outs: list[str]
+
+    @property
+    def direct(self) -> bool:
+        """A 1x1 convolution with unit stride and no padding reads its input as columns."""
+        return self.ksize == 1 and all(v == 1 for v in self.stride) and not any(self.pad)
+
+
+def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
+    x, w = root.inputs
+    kernel = [int(k) for k in w.shape[2:]]
+    g = root.attr("groups")
+    ksize = int(_product(kernel))
+    return _Conv(
+        t=c_type(root.dtype),
+        kernel=kernel,
+        stride=root.attr("stride"),
+        pad=root.attr("padding"),
+        dil=root.attr("dilation"),
+        groups=g,
+        og=w.shape[0] // g,
+        cg=w.shape[1],
+        out_channels=w.shape[0],
+        ksize=ksize,
+        rows=w.shape[1] * ksize,
+        px=scope.ptr(x),
+        pw=scope.ptr(w),
+        po=scope.ptr(root),
+        N=scope.dim(x.shape[0]),
+        C=scope.dim(x.shape[1]),
+        P=scope.dim(_product(root.shape[2:])),
+        Q=scope.dim(_product(x.shape[2:])),
+        ins=[scope.dim(d) for d in x.shape[2:]],
+        outs=[scope.dim(d) for d in root.shape[2:]],
+    )
+
+
+def _im2col_tap(c: _Conv) -> list[str]:
+    """Column-matrix row ``r`` (a channel and tap) of image ``xg`` written to ``dst``."""
+    lines = [
+        f"    int64_t rem = r % {c.ksize};",
+        f"    const {c.t}* xc = xg + (r / {c.ksize}) * {c.Q};",
+    ]
+    for sdim in range(len(c.kernel) - 1, -1, -1):
+        k = c.kernel[sdim]
+        lines.append(f"    const int64_t k{sdim} = rem % {k}; rem /= {k};")
+    return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
+
+
 def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
     """Float convolution as im2col + one BLAS GEMM per (batch entry, group).
 
     A 1x1 convolution with unit stride and no padding reads its input as the GEMM
     operand directly; otherwise the columns go to a per-thread scratch buffer.
     """
-    x, w = root.inputs
     if root.dtype not in (DType.f32, DType.f64):
         return _emit_window(scope, root)
-    t = c_type(root.dtype)
-    nsp = len(root.attr("padding"))
-    kernel = [int(k) for k in w.shape[2:]]
-    stride, pad, dil = root.attr("stride"), root.attr("padding"), root.attr("dilation")
-    g = root.attr("groups")
-    og, cg = w.shape[0] // g, w.shape[1]
-    ksize = int(_product(kernel))
-    rows = cg * ksize
-    px, pw, po = scope.ptr(x), scope.ptr(w), scope.ptr(root)
-    N = scope.dim(x.shape[0])
-    C = scope.dim(x.shape[1])
-    ins = [scope.dim(d) for d in x.shape[2:]]
-    outs = [scope.dim(d) for d in root.shape[2:]]
-    P = scope.dim(_product(root.shape[2:]))
-    Q = scope.dim(_product(x.shape[2:]))
-    direct = ksize == 1 and all(v == 1 for v in stride) and not any(pad)
-    lines = [f"if ({N} == 0 || {P} == 0) return 0;"]
+    c = _conv_geometry(scope, root)
+    t, g = c.t, c.groups
+    lines = [f"if ({c.N} == 0 || {c.P} == 0) return 0;"]
     # Few output positions per image (a CNN's last stages: 7x7) make each image's GEMM
     # too narrow to run at speed: then the columns of all images go side by side.
     epilogue = scope.sched.epilogues.get(id(root))
-    lines.append(f"if ({N} > 1 && {P} < {BATCHED_CONV_POSITIONS}) {{")
-    lines += _indent(_conv_batched(root, scope, direct, ins, outs), 1)
+    lines.append(f"if ({c.N} > 1 && {c.P} < {BATCHED_CONV_POSITIONS}) {{")
+    lines += _indent(_conv_batched(c), 1)
     if epilogue is not None:
-        lines.append(f"  for (int64_t n = 0; n < {N}; ++n) {{")
+        lines.append(f"  for (int64_t n = 0; n < {c.N}; ++n) {{")
         lines += _indent(_epilogue(scope, epilogue), 2)
         lines.append("  }")
     lines.append("  return 0;")
     lines.append("}")
-    if not direct:
-        lines.append(f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {rows} * {P});")
+    if not c.direct:
+        lines.append(f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});")
         lines.append("if (!col) return 3;")
-    lines.append(f"for (int64_t n = 0; n < {N}; ++n) for (int64_t g = 0; g < {g}; ++g) {{")
-    lines.append(f"  const {t}* xg = (const {t}*){px} + (n * {C} + g * {cg}) * {Q};")
-    if direct:
-        lines.append("  const " + t + "* B = xg;")
+    lines.append(f"for (int64_t n = 0; n < {c.N}; ++n) for (int64_t g = 0; g < {g}; ++g) {{")
+    lines.append(f"  const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};")
+    if c.direct:
+        lines.append(f"  const {t}* B = xg;")
     else:
-        lines.append(f"  #pragma omp parallel for schedule(static) if({rows} * {P} > 32768)")
-        lines.append(f"  for (int64_t r = 0; r < {rows}; ++r) {{")
-        lines.append(f"    int64_t rem = r % {ksize};")
-        lines.append(f"    const {t}* xc = xg + (r / {ksize}) * {Q};")
-        for sdim in range(nsp - 1, -1, -1):
-            lines.append(
-                f"    const int64_t k{sdim} = rem % {kernel[sdim]}; rem /= {kernel[sdim]};"
-            )
-        lines.append(f"    {t}* dst = col + r * {P};")
-        lines += _im2col_row(t, nsp, stride, pad, dil, ins, outs)
+        lines.append(f"  #pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)")
+        lines.append(f"  for (int64_t r = 0; r < {c.rows}; ++r) {{")
+        lines.append(f"    {t}* dst = col + r * {c.P};")
+        lines += _im2col_tap(c)
         lines.append("  }")
-        lines.append("  const " + t + "* B = col;")
+        lines.append(f"  const {t}* B = col;")
     lines.append(
-        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {og}, {P}, {rows}, "
-        f"(const {t}*){pw} + g * {og * rows}, {rows}, B, {P}, "
-        f"({t}*){po} + (n * {w.shape[0]} + g * {og}) * {P}, 1);"
+        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {c.og}, {c.P}, {c.rows}, "
+        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, B, {c.P}, "
+        f"({t}*){c.po} + (n * {c.out_channels} + g * {c.og}) * {c.P}, 1);"
     )
     if epilogue is not None:  # this image's output, still in cache
         lines.append(f"  if (g == {g} - 1) {{")
@@ -531,54 +582,36 @@ def _epilogue(scope: KernelScope, epilogue: Node) -> list[str]:
     return lines
 
 
-def _conv_batched(root: Node, scope: KernelScope, direct: bool, ins, outs) -> list[str]:
+def _conv_batched(c: _Conv) -> list[str]:
     """im2col + GEMM with every image's columns side by side: one GEMM of N x P columns
     per group into a scratch, then each image's rows copied to the output."""
-    x, w = root.inputs
-    t = c_type(root.dtype)
-    nsp = len(root.attr("padding"))
-    kernel = [int(k) for k in w.shape[2:]]
-    stride, pad, dil = root.attr("stride"), root.attr("padding"), root.attr("dilation")
-    g = root.attr("groups")
-    og, cg = w.shape[0] // g, w.shape[1]
-    ksize = int(_product(kernel))
-    rows = cg * ksize
-    px, pw, po = scope.ptr(x), scope.ptr(w), scope.ptr(root)
-    N, C = scope.dim(x.shape[0]), scope.dim(x.shape[1])
-    P = scope.dim(_product(root.shape[2:]))
-    Q = scope.dim(_product(x.shape[2:]))
+    t, P = c.t, c.P
     lines = [
-        f"const int64_t NP = {N} * {P};",
-        f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * ({rows} + {og}) * NP);",
+        f"const int64_t NP = {c.N} * {P};",
+        f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * ({c.rows} + {c.og}) * NP);",
         "if (!col) return 3;",
-        f"{t}* acc = col + (int64_t){rows} * NP;",
-        f"for (int64_t g = 0; g < {g}; ++g) {{",
-        f"  #pragma omp parallel for collapse(2) schedule(static) if({rows} * NP > 32768)",
-        f"  for (int64_t r = 0; r < {rows}; ++r) for (int64_t n = 0; n < {N}; ++n) {{",
-        f"    const {t}* xg = (const {t}*){px} + (n * {C} + g * {cg}) * {Q};",
+        f"{t}* acc = col + (int64_t){c.rows} * NP;",
+        f"for (int64_t g = 0; g < {c.groups}; ++g) {{",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.rows} * NP > 32768)",
+        f"  for (int64_t r = 0; r < {c.rows}; ++r) for (int64_t n = 0; n < {c.N}; ++n) {{",
+        f"    const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};",
         f"    {t}* dst = col + r * NP + n * {P};",
     ]
-    if direct:
+    if c.direct:
         lines += [
-            f"    const {t}* xc = xg + r * {Q};",
+            f"    const {t}* xc = xg + r * {c.Q};",
             "    #pragma omp simd",
             f"    for (int64_t q = 0; q < {P}; ++q) dst[q] = xc[q];",
         ]
     else:
-        lines.append(f"    int64_t rem = r % {ksize};")
-        lines.append(f"    const {t}* xc = xg + (r / {ksize}) * {Q};")
-        for sdim in range(nsp - 1, -1, -1):
-            lines.append(
-                f"    const int64_t k{sdim} = rem % {kernel[sdim]}; rem /= {kernel[sdim]};"
-            )
-        lines += _im2col_row(t, nsp, stride, pad, dil, ins, outs)
+        lines += _im2col_tap(c)
     lines += [
         "  }",
-        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {og}, NP, {rows}, "
-        f"(const {t}*){pw} + g * {og * rows}, {rows}, col, NP, acc, 1);",
-        f"  #pragma omp parallel for collapse(2) schedule(static) if({og} * NP > 32768)",
-        f"  for (int64_t n = 0; n < {N}; ++n) for (int64_t o = 0; o < {og}; ++o) {{",
-        f"    {t}* out = ({t}*){po} + (n * {w.shape[0]} + g * {og} + o) * {P};",
+        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {c.og}, NP, {c.rows}, "
+        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, col, NP, acc, 1);",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.og} * NP > 32768)",
+        f"  for (int64_t n = 0; n < {c.N}; ++n) for (int64_t o = 0; o < {c.og}; ++o) {{",
+        f"    {t}* out = ({t}*){c.po} + (n * {c.out_channels} + g * {c.og} + o) * {P};",
         f"    const {t}* src = acc + o * NP + n * {P};",
         "    #pragma omp simd",
         f"    for (int64_t q = 0; q < {P}; ++q) out[q] = src[q];",
@@ -687,10 +720,6 @@ def _split_extent(sched: Schedule, root: Node):
     return extent, noun, f"{what} split over threads"
 
 
-def _extent_text(e) -> str:
-    return format_dim(e) if isinstance(e, (int, SymExpr)) else str(e)
-
-
 def element_cost(sched: Schedule, root: Node) -> int:
     """Relative work per output element: 1, plus 8 per transcendental the kernel fuses.
 
@@ -707,14 +736,14 @@ def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate:
     """``lines`` behind a run-time choice of the split variant when fewer rows (outputs)
     than threads would leave threads idle; with the variants' descriptions."""
     found = _split_extent(sched, root)
-    if found is None or scope.split:
+    if found is None:
         return lines, [" and ".join(texts) or "general"]
     extent, noun, what = found
     scope.begin_variant(speculate, True)
     split = emit()
     scope.split = False
     few = f"{scope.dim(extent)} < omp_get_max_threads()"
-    cond = f"{_extent_text(extent)} {noun} < threads"
+    cond = f"{format_dim(extent)} {noun} < threads"
     if id(root) in sched.stitches:  # short rows keep the row buffer and one thread
         row = scope.dim(root.shape[-1])
         few += f" && {row} * {scope.element_cost} > {ROW_SPLIT_WORK}"

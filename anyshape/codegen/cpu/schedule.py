@@ -22,7 +22,6 @@ The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 
 from ...ir.graph import Graph, Node
 from .epilogue_plan import plan_epilogues
@@ -213,7 +212,13 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
     if stitch:
         from .expr import BINARY, UNARY  # (expr reads the schedule)
 
-        reads = partial(_kernel_reads, sched)
+        read_memo: dict[int, set[int]] = {}  # both plans below ask for every kernel
+
+        def reads(k: Node) -> set[int]:
+            if id(k) not in read_memo:
+                read_memo[id(k)] = _kernel_reads(sched, k)
+            return read_memo[id(k)]
+
         aliased = {id(a) for a in sched.aliases.values()}
         elementwise = set(UNARY) | set(BINARY) | {"convert", "select", "div", "rem"}
         sched.epilogues = plan_epilogues(
@@ -221,7 +226,7 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
         )
         # A convolution runs where its epilogue ran: after whatever else the epilogue reads
         # (batch norm's scale and shift), and nothing else reads the convolution.
-        conv_of = {id(e): c for c, e in zip(sched.epilogues, sched.epilogues.values())}
+        conv_of = {id(e): c for c, e in sched.epilogues.items()}
         by_id = {id(k): k for k in sched.kernels}
         sched.kernels = [
             by_id[conv_of[id(k)]] if id(k) in conv_of else k

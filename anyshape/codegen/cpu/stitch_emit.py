@@ -78,8 +78,7 @@ class StitchScope(KernelScope):
         """OpenMP clauses of a loop over one whole row split over the threads: each loop
         of the row is its own parallel region, so the bar is higher (softmax over one
         row of 20000 ran 11 -> 17 us split at the kernels' usual bar)."""
-        bar = ROW_SPLIT_WORK
-        return f"schedule(static) if(({n}) * {self.element_cost} > {bar})"
+        return f"schedule(static) if(({n}) * {self.element_cost} > {ROW_SPLIT_WORK})"
 
     def _divide(self, n: Node, a: str, b: str) -> str:
         # Dividing a row by a per-row value (softmax's sum): multiply by its reciprocal,
