@@ -15,6 +15,7 @@ from .plugin.compile import CompileReport, compile_graph
 from .plugin.direct import FlatInputs, native_call, plan_direct
 from .plugin.explain import ExplainReport
 from .plugin.profile import ProfileReport
+from .plugin.weights_watch import WeightsWatch
 from .stats import bump
 
 
@@ -48,6 +49,12 @@ class OptimizedModule(torch.nn.Module):
         self._flat_inputs = FlatInputs(self._in_spec)
         self._direct = plan_direct(graph_module)
         self._native_call = native_call(self._direct, self._flat_inputs) if self._direct else None
+        self._weights_watch = None
+
+    def watch_weights_of(self, model) -> None:
+        """Keep packed weights (oneDNN convolutions) in step with ``model``'s in-place changes."""
+        if isinstance(model, torch.nn.Module):
+            self._weights_watch = WeightsWatch.attach(model, self.report.clusters)
 
     @classmethod
     def restored(cls, direct, in_spec, report: CompileReport, name: str) -> OptimizedModule:
@@ -63,9 +70,12 @@ class OptimizedModule(torch.nn.Module):
         module._flat_inputs = FlatInputs(in_spec)
         module._direct = direct
         module._native_call = native_call(direct, module._flat_inputs)
+        module._weights_watch = None
         return module
 
     def forward(self, *args, **kwargs):
+        if self._weights_watch is not None:
+            self._weights_watch()
         if self._native_call is not None:
             result = self._native_call(*args, **kwargs)
             if result is not NotImplemented:
@@ -190,6 +200,7 @@ def optimize(
         restored = model_cache.restore(key, model, opts)
         if restored is not None:
             module = OptimizedModule.restored(*restored, name)
+            module.watch_weights_of(model)
             if _agrees_with_eager(model, module, args, kwargs):
                 bump("compilations")
                 bump("model_cache_hits")
@@ -199,6 +210,7 @@ def optimize(
             model_cache.drop(key)
     gm, report = _compile(model, args, kwargs, dynamic_shapes, opts)
     module = OptimizedModule(gm, report, name)
+    module.watch_weights_of(model)
     if key is not None:
         model_cache.store(key, model, module)
     return module

@@ -195,15 +195,20 @@ CONVS = [  # cin, cout, kernel, stride, padding, dilation, groups, example shape
 ]
 
 
+@pytest.mark.parametrize("dnnl", ["spatial", "off"])
 @pytest.mark.parametrize("cin,cout,k,s,p,d,g,shape", CONVS)
-def test_convolution_through_gemm_at_any_size(cin, cout, k, s, p, d, g, shape):
+def test_convolution_through_gemm_at_any_size(cin, cout, k, s, p, d, g, shape, dnnl, monkeypatch):
+    """im2col + GEMM (``off``), and oneDNN for kernels over 1x1 without groups (``spatial``)."""
+    monkeypatch.setenv("ANYSHAPE_DNNL_CONV", dnnl)
     model = torch.nn.Conv2d(cin, cout, k, s, p, d, g).eval()
-    opt = anyshape.optimize(model, (torch.randn(*shape),), backend="cpu")
+    opt = anyshape.optimize(model, (torch.randn(*shape),), backend="cpu", model_cache=False)
     n, c, h, w = shape
     for size in [shape, (n + 1, c, h + 3, w + 1), (1, c, k * d + 1, k * d)]:
         x = torch.randn(*size)
         torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
-    assert "as_gemm_batch<float>(CblasNoTrans, CblasNoTrans" in _cluster_source(opt)
+    source = _cluster_source(opt)
+    assert "as_conv_gemm<float>(" in source
+    assert ("as_dnnl_conv2d(&dnnl_site" in source) == (dnnl == "spatial" and k > 1 and g == 1)
 
 
 class Head(torch.nn.Module):

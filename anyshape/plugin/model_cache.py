@@ -42,6 +42,7 @@ from ..runtime.binder import InputSpec, ShapeBinder
 from .compile import ClusterInfo, CompileReport, ModelPrologue
 from .compiled_cluster import CompiledCluster
 from .direct import DirectPlan
+from .weights_watch import resolve_tensor
 
 FORMAT = 1
 _PLAIN = (bool, int, float, str, type(None))
@@ -138,7 +139,7 @@ def store(key: str, model, module) -> None:
         return
     constants = {}
     for name, value in cluster.graph.params.items():
-        if _resolve(model, name) is None:
+        if resolve_tensor(model, name) is None:
             constants[name] = value
     binder = direct.prologue.binder
     entry = {
@@ -169,15 +170,6 @@ def store(key: str, model, module) -> None:
         return  # a cache that cannot be written is only a slower next start
 
 
-def _resolve(model, name: str):
-    obj = model
-    for part in name.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj if isinstance(obj, torch.Tensor) else None
-
-
 def restore(key: str, model, options: Options):
     """(direct plan, in_spec, report) from the entry for ``key``, or None (missing or unusable)."""
     from ..frontends.torch.lowering import tensor_to_numpy
@@ -192,7 +184,7 @@ def restore(key: str, model, options: Options):
         for node in graph.nodes():
             if node.op == "param":
                 name = node.attr("name")
-                live = _resolve(model, name)
+                live = resolve_tensor(model, name)
                 value = tensor_to_numpy(live) if live is not None else constants[name]
                 if value.shape != tuple(node.shape) or DType.from_numpy(value.dtype) != node.dtype:
                     return None  # the model changed in a way the key did not see

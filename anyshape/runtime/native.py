@@ -134,6 +134,30 @@ class NativeGraph:
             result.append(self._adopt(outs[slot], self.out_dtypes[slot]))
         return result
 
+    @property
+    def packs_weights(self) -> bool:
+        """Whether the library can keep packed copies of weights (oneDNN convolutions)."""
+        return hasattr(self.lib, "anyshape_watch_weights")
+
+    def watch_weights(self, indices: list[int]) -> None:
+        """The library may pack the weights at these indices of ``params`` once: the caller
+        reports every in-place change with ``weights_changed()``. Unwatched weights are
+        packed on every call."""
+        if not self.lib.anyshape_watch_weights(*self._weight_pointers(indices)):
+            raise MemoryError("no memory to register watched weights")
+
+    def unwatch_weights(self, indices: list[int]) -> None:
+        """Nobody watches these weights any more: their packed copies are dropped."""
+        self.lib.anyshape_unwatch_weights(*self._weight_pointers(indices))
+
+    def _weight_pointers(self, indices: list[int]):
+        ptrs = [self.params[k].ctypes.data for k in indices]
+        return (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs), ctypes.c_int64(len(ptrs))
+
+    def weights_changed(self) -> None:
+        """Weights changed in place: packed copies are made again on their next use."""
+        self.lib.anyshape_weights_changed()
+
     def set_profiling(self, on: bool) -> None:
         """Time every kernel call site from now on (``on``) or stop timing."""
         self.lib.anyshape_profile_enable(ctypes.c_int(1 if on else 0))

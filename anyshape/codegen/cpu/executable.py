@@ -41,6 +41,21 @@ class CpuExecutable:
         self.output_slots = program.output_slots
         self.kernel_labels = program.kernel_labels
         self.kernel_descriptions = program.kernel_descriptions
+        self.param_names = program.param_names
+        self.packed_params = program.packed_params if self.native.packs_weights else []
+
+    def watch_weights(self) -> None:
+        """The caller watches ``packed_params`` for in-place changes (``weights_changed``)."""
+        self.native.watch_weights(self._packed_indices())
+
+    def unwatch_weights(self) -> None:
+        self.native.unwatch_weights(self._packed_indices())
+
+    def _packed_indices(self) -> list[int]:
+        return [self.param_names.index(n) for n in self.packed_params]
+
+    def weights_changed(self) -> None:
+        self.native.weights_changed()
 
     def set_profiling(self, on: bool) -> None:
         self.native.set_profiling(on)

@@ -21,7 +21,7 @@ from importlib import resources
 from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
-from .kernels import Kernel, emit_kernel
+from .kernels import Kernel, emit_kernel, uses_dnnl_conv
 from .memory import MemoryPlan, plan_memory
 from .schedule import SOURCE_OPS, describe_kernel, members, plan_schedule
 
@@ -72,6 +72,7 @@ class HostProgram:
     param_names: list[str]  # weights in the order of prm[]
     kernel_labels: list[str]  # what each profiled call site runs, in call order
     kernel_descriptions: list[str]  # kind, root and fused ops of each call site (explain)
+    packed_params: list[str]  # weights the library may keep packed copies of (oneDNN)
 
 
 def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
@@ -83,6 +84,8 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])
     here = resources.files(__package__)
     lines = [here.joinpath("prelude.h").read_text(), here.joinpath("vmath.h").read_text(), ""]
+    if any(uses_dnnl_conv(root) for root in sched.kernels):
+        lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", here.joinpath("dnnl_conv.h").read_text(), "#endif"]
     for body, name in names.items():
         lines.append(f"static int {name}(void* const* P, const int64_t* D) {{")
         lines += ["  " + ln for ln in body.splitlines()]
@@ -96,7 +99,10 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         + (f" [variants: {' | '.join(k.variants)}]" if k.variants else "")
         for k in kernels
     ]
-    return HostProgram("\n".join(lines) + "\n", slots, extra_symbols, params, labels, described)
+    packed = sorted({r.inputs[1].attr("name") for r in sched.kernels if uses_dnnl_conv(r)})
+    return HostProgram(
+        "\n".join(lines) + "\n", slots, extra_symbols, params, labels, described, packed
+    )
 
 
 def kernel_label(root: Node, outputs: int = 1) -> str:

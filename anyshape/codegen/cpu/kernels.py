@@ -17,6 +17,7 @@ materialized root node into a ``Kernel``: a C++ function
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -531,10 +532,12 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
         return _emit_window(scope, root)
     c = _conv_geometry(scope, root)
     t, g = c.t, c.groups
+    epilogue = scope.sched.epilogues.get(id(root))
     lines = [f"if ({c.N} == 0 || {c.P} == 0) return 0;"]
+    if uses_dnnl_conv(root):
+        lines += _conv_dnnl(scope, c, epilogue)
     # Few output positions per image (a CNN's last stages: 7x7) make each image's GEMM
     # too narrow to run at speed: then the columns of all images go side by side.
-    epilogue = scope.sched.epilogues.get(id(root))
     lines.append(f"if ({c.N} > 1 && {c.P} < {BATCHED_CONV_POSITIONS}) {{")
     lines += _indent(_conv_batched(c), 1)
     if epilogue is not None:
@@ -558,15 +561,57 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
         lines.append("  }")
         lines.append(f"  const {t}* B = col;")
     lines.append(
-        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {c.og}, {c.P}, {c.rows}, "
+        f"  as_conv_gemm<{t}>({c.og}, {c.P}, {c.rows}, "
         f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, B, {c.P}, "
-        f"({t}*){c.po} + (n * {c.out_channels} + g * {c.og}) * {c.P}, 1);"
+        f"({t}*){c.po} + (n * {c.out_channels} + g * {c.og}) * {c.P});"
     )
     if epilogue is not None:  # this image's output, still in cache
         lines.append(f"  if (g == {g} - 1) {{")
         lines += _indent(_epilogue(scope, epilogue), 2)
         lines.append("  }")
     lines.append("}")
+    return lines
+
+
+def uses_dnnl_conv(root: Node) -> bool:
+    """A float32 2-D convolution without groups whose weights are a model weight, with a
+    kernel larger than 1x1: oneDNN runs it when the build links oneDNN.
+
+    ``ANYSHAPE_DNNL_CONV=all`` sends 1x1 kernels too (slower here: their layout reorders
+    cost more than oneDNN's convolution saves over a GEMM); ``=off`` keeps im2col + GEMM.
+    """
+    mode = os.environ.get("ANYSHAPE_DNNL_CONV", "spatial").lower()
+    if mode == "off" or root.op != "convolution" or root.dtype != DType.f32:
+        return False
+    w = root.inputs[1]
+    if w.rank != 4 or root.attr("groups") != 1 or w.op != "param":
+        return False
+    return mode == "all" or _product(w.shape[2:]) != 1
+
+
+def _conv_dnnl(scope: KernelScope, c: _Conv, epilogue: Node | None) -> list[str]:
+    """One image at a time through oneDNN (``dnnl_conv.h``), each image's epilogue right
+    after it. If the first image cannot run there, im2col + GEMM below runs instead."""
+    geometry = [c.cg, c.out_channels, *c.kernel, *c.stride, *c.pad, *c.dil]
+    lines = [
+        "#ifdef ANYSHAPE_DNNL",
+        f"static AsConvSite dnnl_site = {{{', '.join(str(v) for v in geometry)}, "
+        "PTHREAD_MUTEX_INITIALIZER};",
+        "int64_t done = 0;",
+        f"for (; done < {c.N}; ++done) {{",
+        "  const int64_t n = done;",
+        f"  if (!as_dnnl_conv2d(&dnnl_site, (const float*){c.px} + n * {c.C} * {c.Q}, "
+        f"(const float*){c.pw}, (float*){c.po} + n * {c.out_channels} * {c.P}, "
+        f"{c.ins[0]}, {c.ins[1]})) break;",
+    ]
+    if epilogue is not None:
+        lines += _indent(_epilogue(scope, epilogue), 1)
+    lines += [
+        "}",
+        f"if (done == {c.N}) return 0;",
+        "if (done > 0) return 4;",
+        "#endif",
+    ]
     return lines
 
 
@@ -607,8 +652,8 @@ def _conv_batched(c: _Conv) -> list[str]:
         lines += _im2col_tap(c)
     lines += [
         "  }",
-        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasNoTrans, {c.og}, NP, {c.rows}, "
-        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, col, NP, acc, 1);",
+        f"  as_conv_gemm<{t}>({c.og}, NP, {c.rows}, "
+        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, col, NP, acc);",
         f"  #pragma omp parallel for collapse(2) schedule(static) if({c.og} * NP > 32768)",
         f"  for (int64_t n = 0; n < {c.N}; ++n) for (int64_t o = 0; o < {c.og}; ++o) {{",
         f"    {t}* out = ({t}*){c.po} + (n * {c.out_channels} + g * {c.og} + o) * {P};",

@@ -1,0 +1,176 @@
+"""2-D float convolutions through oneDNN (plugin mode): geometry, shapes, weights, threads.
+
+Every check compares with eager. oneDNN makes one primitive per input size, so
+these tests run many sizes through one compiled model (more than a call site
+keeps), change weights in place after the first calls, and call one model from
+several threads at once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import anyshape
+from anyshape.codegen.cpu.executable import CpuExecutable
+from anyshape.ir.graph import Graph
+
+pytest.importorskip("importlib.metadata").distribution("onednn-cpu-gomp")  # a dependency
+
+
+def _source(opt) -> str:
+    (cluster,) = opt.report.clusters
+    return cluster.compiled.native.source
+
+
+GEOMETRIES = [  # cin, cout, kernel, stride, padding, dilation, bias
+    (3, 16, 7, 2, 3, 1, False),  # a stem: odd sizes leave less right padding than left
+    (8, 8, 3, 1, 1, 1, True),
+    (8, 12, 3, 2, 1, 1, False),
+    (6, 4, (3, 1), 1, (1, 0), 1, True),  # rectangular kernel
+    (4, 8, 5, 1, 0, 1, True),  # no padding
+    (4, 4, 3, 1, 2, 2, False),  # dilated
+]
+
+
+@pytest.mark.parametrize("cin,cout,k,s,p,d,bias", GEOMETRIES)
+def test_convolution_geometries_at_many_sizes(cin, cout, k, s, p, d, bias):
+    torch.manual_seed(0)
+    model = torch.nn.Conv2d(cin, cout, k, s, p, d, bias=bias).eval()
+    opt = anyshape.optimize(model, (torch.randn(2, cin, 11, 12),), backend="cpu")
+    assert "as_dnnl_conv2d(&dnnl_site" in _source(opt)
+    with torch.no_grad():
+        for n, h, w in [(2, 11, 12), (1, 9, 9), (3, 16, 7), (1, 23, 31), (2, 11, 12)]:
+            x = torch.randn(n, cin, h, w)
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+class ConvBnRelu(torch.nn.Module):
+    """Two 3x3 layers with batch norm, ReLU and a skip add as each image's epilogue."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.a = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn_a = torch.nn.BatchNorm2d(c)
+        self.b = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn_b = torch.nn.BatchNorm2d(c)
+        for bn in (self.bn_a, self.bn_b):
+            bn.running_mean.uniform_(-1, 1)
+            bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        y = torch.relu(self.bn_a(self.a(x)))
+        return torch.relu(self.bn_b(self.b(y)) + x)
+
+
+def test_more_sizes_than_a_call_site_keeps_and_sizes_seen_again():
+    """A call site keeps 32 sizes; 40 sizes, then the first ones again, stay exact."""
+    torch.manual_seed(1)
+    model = ConvBnRelu().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 8, 6, 6),), backend="cpu")
+    sizes = [(1 + k % 3, 4 + k, 5 + (k * 7) % 11) for k in range(40)] + [(2, 4, 5), (1, 5, 12)]
+    with torch.no_grad():
+        for n, h, w in sizes:
+            x = torch.randn(n, 8, h, w)
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+    assert anyshape.stats()["compilations"] >= 1
+    assert "as_dnnl_conv2d(&dnnl_site" in _source(opt)
+
+
+def test_weights_changed_in_place_are_seen():
+    """Packed weights follow ``mul_`` and ``load_state_dict`` on the live model."""
+    torch.manual_seed(2)
+    model = ConvBnRelu().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 8, 6, 6),), backend="cpu")
+    x = torch.randn(2, 8, 9, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+        before = opt(x).clone()
+        model.a.weight.mul_(-2.0)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+        assert not torch.allclose(opt(x), before)
+        fresh = ConvBnRelu()
+        model.load_state_dict(fresh.state_dict())
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_the_watch_is_what_keeps_packed_weights_current():
+    torch.manual_seed(3)
+    model = ConvBnRelu().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 8, 6, 6),), backend="cpu")
+    (cluster,) = opt.report.clusters
+    assert cluster.compiled.native.packed_params == ["a.weight", "b.weight"]
+    watch, opt._weights_watch = opt._weights_watch, None  # registered, versions unchecked
+    x = torch.randn(1, 8, 10, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+        model.b.weight.mul_(3.0)
+        assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
+        del watch  # its owner gone, the weights are unregistered: packed per call
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_unwatched_weights_are_packed_on_every_call():
+    """A library nobody registered weights with (here: the same library loaded again for
+    copies of the weights) packs them per call, so in-place changes are always seen."""
+    torch.manual_seed(5)
+    model = ConvBnRelu().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 8, 6, 6),), backend="cpu")
+    g = opt.report.clusters[0].compiled.graph
+    copies = {name: value.copy() for name, value in g.params.items()}
+    exe = CpuExecutable(Graph(g.inputs, g.outputs, copies, g.constraints, g.name), [])
+    x = torch.randn(2, 8, 7, 11)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.from_numpy(exe([x.numpy()], [])[0]), model(x))
+        copies["b.weight"] *= -0.5
+        model.b.weight.mul_(-0.5)
+        torch.testing.assert_close(
+            torch.from_numpy(exe([x.numpy()], [])[0]), model(x), rtol=1e-4, atol=1e-4
+        )
+
+
+def test_weights_computed_in_the_graph_take_im2col():
+    """Only model weights are packed: a weight computed per call goes through im2col + GEMM."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4, 3, 3, 3))
+
+        def forward(self, x, s):
+            return torch.nn.functional.conv2d(x, self.w * s, padding=1)
+
+    model = Scaled().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 8, 8), torch.tensor(2.0)), backend="cpu")
+    assert "as_dnnl_conv2d(&dnnl_site" not in _source(opt)
+    with torch.no_grad():
+        for s in (2.0, -1.5):
+            x, scale = torch.randn(1, 3, 7, 9), torch.tensor(s)
+            torch.testing.assert_close(opt(x, scale), model(x, scale), rtol=1e-4, atol=1e-4)
+
+
+def test_one_model_called_from_several_threads_at_different_sizes():
+    torch.manual_seed(4)
+    model = ConvBnRelu().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 8, 6, 6),), backend="cpu")
+    inputs = [torch.randn(1 + k % 2, 8, 5 + k, 6 + 2 * k) for k in range(6)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    errors: list[str] = []
+
+    def worker(offset: int) -> None:
+        with torch.no_grad():
+            for it in range(12):
+                k = (offset + it) % len(inputs)
+                got = opt(inputs[k])
+                if not torch.allclose(got, expected[k], rtol=1e-4, atol=1e-4):
+                    errors.append(f"thread {offset}, input {k}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
