@@ -300,7 +300,8 @@ static bool as_conv_pack(const AsConvSite* s, const float* plain, const_dnnl_mem
   return ok;
 }
 
-// The layer's weights in the layout of `e`, packed on first use (under the site's lock).
+// The layer's weights in the layout of `e`, packed on first use (under the site's lock);
+// `plain` itself for weights nobody watches.
 static const float* as_conv_packed(AsConvSite* s, const AsConvShape* e, const float* plain) {
   const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
   AsPackedWeights* p = nullptr;
@@ -309,6 +310,8 @@ static const float* as_conv_packed(AsConvSite* s, const AsConvShape* e, const fl
       p = &s->packed[k];
   if (p && p->generation == gen) return p->data;
   if (!p) {
+    // Entries exist only for watched weights (unwatching drops them): look no further.
+    if (!as_is_watched(plain)) return plain;  // the caller packs it for this call
     AsPackedWeights* grown =
         (AsPackedWeights*)realloc(s->packed, sizeof(AsPackedWeights) * (s->npacked + 1));
     if (!grown) return nullptr;
@@ -353,7 +356,7 @@ static AsConvShape* as_conv_acquire(AsConvSite* s, int64_t h, int64_t w, const f
     else s->broken = true;
   }
   if (hit) {
-    *packed = as_is_watched(weights) ? as_conv_packed(s, hit, weights) : weights;
+    *packed = as_conv_packed(s, hit, weights);
     if (*packed) {
       hit->users += 1;
       hit->last_use = ++s->clock;

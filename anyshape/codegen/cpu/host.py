@@ -21,7 +21,8 @@ from importlib import resources
 from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
-from .kernels import Kernel, emit_kernel, uses_dnnl_conv
+from .conv_emit import uses_dnnl_conv
+from .kernels import Kernel, emit_kernel
 from .memory import MemoryPlan, plan_memory
 from .schedule import SOURCE_OPS, describe_kernel, members, plan_schedule
 

@@ -1,0 +1,276 @@
+"""Float convolutions: oneDNN's direct convolution, or im2col + GEMM.
+
+Sits beside ``kernels`` (whose ``convolution`` emitter calls ``emit_conv`` for
+float32/float64 and passes the loop nest of the convolution's epilogue, see
+``epilogue_plan``). A 2-D float32 convolution without groups, with a kernel over
+1x1 and a model weight as weights, first tries oneDNN one image at a time
+(``dnnl_conv.h``, only compiled when the build links oneDNN); every float
+convolution has the im2col + GEMM path: per (image, group), or with the columns
+of all images side by side when each image has few output positions.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ...ir.dtypes import DType
+from ...ir.graph import Node
+from . import pool_emit
+from .ctypes_map import c_type
+from .expr import KernelScope, _product
+
+# Below this many output positions per image, a batch's columns share one GEMM.
+BATCHED_CONV_POSITIONS = 256
+
+
+def _indent(lines: list[str], depth: int) -> list[str]:
+    return ["  " * depth + ln for ln in lines]
+
+
+@dataclass(frozen=True)
+class _Conv:
+    """One float convolution's geometry, as C expressions and static ints."""
+
+    t: str  # element C type
+    kernel: list[int]
+    stride: tuple
+    pad: tuple
+    dil: tuple
+    groups: int
+    og: int  # output channels per group
+    cg: int  # input channels per group
+    out_channels: int
+    ksize: int  # taps per channel
+    rows: int  # column-matrix rows per group: cg x taps
+    px: str
+    pw: str
+    po: str
+    N: str
+    C: str
+    P: str  # output positions per image
+    Q: str  # input positions per image
+    ins: list[str]
+    outs: list[str]
+
+    @property
+    def direct(self) -> bool:
+        """A 1x1 convolution with unit stride and no padding reads its input as columns."""
+        return self.ksize == 1 and all(v == 1 for v in self.stride) and not any(self.pad)
+
+
+def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
+    x, w = root.inputs
+    kernel = [int(k) for k in w.shape[2:]]
+    g = root.attr("groups")
+    ksize = int(_product(kernel))
+    return _Conv(
+        t=c_type(root.dtype),
+        kernel=kernel,
+        stride=root.attr("stride"),
+        pad=root.attr("padding"),
+        dil=root.attr("dilation"),
+        groups=g,
+        og=w.shape[0] // g,
+        cg=w.shape[1],
+        out_channels=w.shape[0],
+        ksize=ksize,
+        rows=w.shape[1] * ksize,
+        px=scope.ptr(x),
+        pw=scope.ptr(w),
+        po=scope.ptr(root),
+        N=scope.dim(x.shape[0]),
+        C=scope.dim(x.shape[1]),
+        P=scope.dim(_product(root.shape[2:])),
+        Q=scope.dim(_product(x.shape[2:])),
+        ins=[scope.dim(d) for d in x.shape[2:]],
+        outs=[scope.dim(d) for d in root.shape[2:]],
+    )
+
+
+def _im2col_tap(c: _Conv) -> list[str]:
+    """Column-matrix row ``r`` (a channel and tap) of image ``xg`` written to ``dst``."""
+    lines = [
+        f"    int64_t rem = r % {c.ksize};",
+        f"    const {c.t}* xc = xg + (r / {c.ksize}) * {c.Q};",
+    ]
+    for sdim in range(len(c.kernel) - 1, -1, -1):
+        k = c.kernel[sdim]
+        lines.append(f"    const int64_t k{sdim} = rem % {k}; rem /= {k};")
+    return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
+
+
+def uses_dnnl_conv(root: Node) -> bool:
+    """A float32 2-D convolution without groups whose weights are a model weight, with a
+    kernel larger than 1x1: oneDNN runs it when the build links oneDNN.
+
+    ``ANYSHAPE_DNNL_CONV=all`` sends 1x1 kernels too (slower here: their layout reorders
+    cost more than oneDNN's convolution saves over a GEMM); ``=off`` keeps im2col + GEMM.
+    """
+    mode = os.environ.get("ANYSHAPE_DNNL_CONV", "spatial").lower()
+    if mode == "off" or root.op != "convolution" or root.dtype != DType.f32:
+        return False
+    w = root.inputs[1]
+    if w.rank != 4 or root.attr("groups") != 1 or w.op != "param":
+        return False
+    return mode == "all" or _product(w.shape[2:]) != 1
+
+
+def _conv_dnnl(c: _Conv, epilogue: list[str] | None) -> list[str]:
+    """One image at a time through oneDNN (``dnnl_conv.h``), each image's epilogue right
+    after it. If the first image cannot run there, im2col + GEMM below runs instead."""
+    geometry = [c.cg, c.out_channels, *c.kernel, *c.stride, *c.pad, *c.dil]
+    lines = [
+        "#ifdef ANYSHAPE_DNNL",
+        f"static AsConvSite dnnl_site = {{{', '.join(str(v) for v in geometry)}, "
+        "PTHREAD_MUTEX_INITIALIZER};",
+        "int64_t done = 0;",
+        f"for (; done < {c.N}; ++done) {{",
+        "  const int64_t n = done;",
+        f"  if (!as_dnnl_conv2d(&dnnl_site, (const float*){c.px} + n * {c.C} * {c.Q}, "
+        f"(const float*){c.pw}, (float*){c.po} + n * {c.out_channels} * {c.P}, "
+        f"{c.ins[0]}, {c.ins[1]})) break;",
+    ]
+    if epilogue is not None:
+        lines += _indent(epilogue, 1)
+    lines += [
+        "}",
+        f"if (done == {c.N}) return 0;",
+        "if (done > 0) return 4;",
+        "#endif",
+    ]
+    return lines
+
+
+def _conv_batched(c: _Conv) -> list[str]:
+    """im2col + GEMM with every image's columns side by side: one GEMM of N x P columns
+    per group into a scratch, then each image's rows copied to the output."""
+    t, P = c.t, c.P
+    lines = [
+        f"const int64_t NP = {c.N} * {P};",
+        f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * ({c.rows} + {c.og}) * NP);",
+        "if (!col) return 3;",
+        f"{t}* acc = col + (int64_t){c.rows} * NP;",
+        f"for (int64_t g = 0; g < {c.groups}; ++g) {{",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.rows} * NP > 32768)",
+        f"  for (int64_t r = 0; r < {c.rows}; ++r) for (int64_t n = 0; n < {c.N}; ++n) {{",
+        f"    const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};",
+        f"    {t}* dst = col + r * NP + n * {P};",
+    ]
+    if c.direct:
+        lines += [
+            f"    const {t}* xc = xg + r * {c.Q};",
+            "    #pragma omp simd",
+            f"    for (int64_t q = 0; q < {P}; ++q) dst[q] = xc[q];",
+        ]
+    else:
+        lines += _im2col_tap(c)
+    lines += [
+        "  }",
+        f"  as_conv_gemm<{t}>({c.og}, NP, {c.rows}, "
+        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, col, NP, acc);",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.og} * NP > 32768)",
+        f"  for (int64_t n = 0; n < {c.N}; ++n) for (int64_t o = 0; o < {c.og}; ++o) {{",
+        f"    {t}* out = ({t}*){c.po} + (n * {c.out_channels} + g * {c.og} + o) * {P};",
+        f"    const {t}* src = acc + o * NP + n * {P};",
+        "    #pragma omp simd",
+        f"    for (int64_t q = 0; q < {P}; ++q) out[q] = src[q];",
+        "  }",
+        "}",
+    ]
+    return lines
+
+
+def _row_major(prefix: str, dims, count: int) -> str:
+    """Row-major offset of ``prefix0 .. prefix{count-1}`` within ``dims`` (``0`` if none)."""
+    terms = [
+        f"{prefix}{s}" + "".join(f" * {dims[j]}" for j in range(s + 1, len(dims)))
+        for s in range(count)
+    ]
+    return " + ".join(terms) or "0"
+
+
+def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
+    """One column-matrix row (a channel and kernel tap) over every output position.
+
+    The outer spatial dims test their input row once; along the last dim the
+    in-range output columns form one interval, computed per tap, so the copy is a
+    branch-free (vectorizable) loop between two zero fills.
+    """
+    lines, depth = [], "    "
+    for sdim in range(nsp - 1):
+        lines.append(
+            f"{depth}for (int64_t o{sdim} = 0; o{sdim} < {outs[sdim]}; ++o{sdim}) {{"
+            f" const int64_t y{sdim} = o{sdim} * {stride[sdim]} - {pad[sdim]} + "
+            f"k{sdim} * {dil[sdim]}; const bool in{sdim} = y{sdim} >= 0 && "
+            f"y{sdim} < {ins[sdim]};"
+        )
+        depth += "  "
+    last = nsp - 1
+    n_out, n_in, st = outs[last], ins[last], stride[last]
+    base_out = _row_major("o", outs, last)
+    base_in = _row_major("y", ins, last)
+    inside = " && ".join(f"in{sdim}" for sdim in range(last)) or "true"
+    lines += [
+        f"{depth}{t}* d = dst + ({base_out});",
+        f"{depth}const int64_t off = k{last} * {dil[last]} - {pad[last]};",
+        *(depth + ln for ln in pool_emit.in_range_columns("off", n_in, n_out, st, inside)),
+        f"{depth}const {t}* s = xc + ({base_in}) + off;",
+        f"{depth}for (int64_t o = 0; o < lo; ++o) d[o] = ({t})0;",
+        f"{depth}#pragma omp simd",
+        f"{depth}for (int64_t o = lo; o < hi; ++o) d[o] = s[o * {st}];",
+        f"{depth}for (int64_t o = hi; o < {n_out}; ++o) d[o] = ({t})0;",
+    ]
+    for _ in range(nsp - 1):
+        depth = depth[:-2]
+        lines.append(f"{depth}}}")
+    return lines
+
+
+def emit_conv(scope: KernelScope, root: Node, epilogue: list[str] | None) -> list[str]:
+    """Float convolution as im2col + one BLAS GEMM per (batch entry, group).
+
+    A 1x1 convolution with unit stride and no padding reads its input as the GEMM
+    operand directly; otherwise the columns go to a per-thread scratch buffer.
+    ``epilogue`` is the loop nest of the elementwise consumer over one image ``n``.
+    """
+    c = _conv_geometry(scope, root)
+    t, g = c.t, c.groups
+    lines = [f"if ({c.N} == 0 || {c.P} == 0) return 0;"]
+    if uses_dnnl_conv(root):
+        lines += _conv_dnnl(c, epilogue)
+    # Few output positions per image (a CNN's last stages: 7x7) make each image's GEMM
+    # too narrow to run at speed: then the columns of all images go side by side.
+    lines.append(f"if ({c.N} > 1 && {c.P} < {BATCHED_CONV_POSITIONS}) {{")
+    lines += _indent(_conv_batched(c), 1)
+    if epilogue is not None:
+        lines.append(f"  for (int64_t n = 0; n < {c.N}; ++n) {{")
+        lines += _indent(epilogue, 2)
+        lines.append("  }")
+    lines.append("  return 0;")
+    lines.append("}")
+    if not c.direct:
+        lines.append(f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});")
+        lines.append("if (!col) return 3;")
+    lines.append(f"for (int64_t n = 0; n < {c.N}; ++n) for (int64_t g = 0; g < {g}; ++g) {{")
+    lines.append(f"  const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};")
+    if c.direct:
+        lines.append(f"  const {t}* B = xg;")
+    else:
+        lines.append(f"  #pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)")
+        lines.append(f"  for (int64_t r = 0; r < {c.rows}; ++r) {{")
+        lines.append(f"    {t}* dst = col + r * {c.P};")
+        lines += _im2col_tap(c)
+        lines.append("  }")
+        lines.append(f"  const {t}* B = col;")
+    lines.append(
+        f"  as_conv_gemm<{t}>({c.og}, {c.P}, {c.rows}, "
+        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, B, {c.P}, "
+        f"({t}*){c.po} + (n * {c.out_channels} + g * {c.og}) * {c.P});"
+    )
+    if epilogue is not None:  # this image's output, still in cache
+        lines.append(f"  if (g == {g} - 1) {{")
+        lines += _indent(epilogue, 2)
+        lines.append("  }")
+    lines.append("}")
+    return lines
