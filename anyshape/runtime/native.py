@@ -136,7 +136,7 @@ class NativeGraph:
 
     @property
     def packs_weights(self) -> bool:
-        """Whether the library can keep packed copies of weights (oneDNN convolutions)."""
+        """Whether the library can keep packed copies of weights (oneDNN convolutions and matmuls)."""
         return hasattr(self.lib, "anyshape_watch_weights")
 
     def watch_weights(self, indices: list[int]) -> None:

@@ -123,7 +123,7 @@ def _conv_dnnl(c: _Conv, epilogue: list[str] | None) -> list[str]:
     lines = [
         "#ifdef ANYSHAPE_DNNL",
         f"static AsConvSite dnnl_site = {{{', '.join(str(v) for v in geometry)}, "
-        "PTHREAD_MUTEX_INITIALIZER};",
+        "{PTHREAD_MUTEX_INITIALIZER}};",
         "int64_t done = 0;",
         f"for (; done < {c.N}; ++done) {{",
         "  const int64_t n = done;",

@@ -1,6 +1,5 @@
 // anyshape CPU runtime: 2-D float convolutions through oneDNN (plugin mode, when installed).
-// Pasted after prelude.h into translation units that hold such a convolution, and only
-// compiled with ANYSHAPE_DNNL (the build links the onednn-cpu-gomp wheel's libdnnl.so.3).
+// Pasted after dnnl.h into translation units that hold such a convolution.
 //
 // oneDNN's direct convolutions (brgconv / jit, in a channels-last or blocked layout) ran
 // ResNet-50's 3x3 convolutions at 225-245 GFLOP/s on the 2-core Zen 4 machine where im2col +
@@ -9,139 +8,9 @@
 // one image at a time (the batch size never makes a new one), created on first sight of
 // an (H, W) in about 0.3-0.5 ms, then reused. Weights are reordered into the convolution's
 // layout once per weight tensor when their owner watches them for changes (below).
-// Only the C API entry points used here are declared (stable across oneDNN 3.x).
-#include <pthread.h>
-
-extern "C" {
-typedef struct dnnl_engine* dnnl_engine_t;
-typedef struct dnnl_stream* dnnl_stream_t;
-typedef struct dnnl_memory_desc* dnnl_memory_desc_t;
-typedef const struct dnnl_memory_desc* const_dnnl_memory_desc_t;
-typedef struct dnnl_memory* dnnl_memory_t;
-typedef struct dnnl_primitive_desc* dnnl_primitive_desc_t;
-typedef const struct dnnl_primitive_desc* const_dnnl_primitive_desc_t;
-typedef struct dnnl_primitive* dnnl_primitive_t;
-typedef const struct dnnl_primitive* const_dnnl_primitive_t;
-typedef struct dnnl_primitive_attr* dnnl_primitive_attr_t;
-typedef const struct dnnl_primitive_attr* const_dnnl_primitive_attr_t;
-typedef int64_t dnnl_dims_t[12];
-typedef struct {
-  int arg;
-  dnnl_memory_t memory;
-} dnnl_exec_arg_t;
-int dnnl_engine_create(dnnl_engine_t*, int kind, size_t index);
-int dnnl_stream_create(dnnl_stream_t*, dnnl_engine_t, unsigned flags);
-int dnnl_stream_destroy(dnnl_stream_t);
-int dnnl_memory_desc_create_with_tag(dnnl_memory_desc_t*, int ndims, const dnnl_dims_t dims,
-                                     int data_type, int tag);
-int dnnl_memory_desc_create_with_strides(dnnl_memory_desc_t*, int ndims, const dnnl_dims_t dims,
-                                         int data_type, const dnnl_dims_t strides);
-int dnnl_memory_desc_clone(dnnl_memory_desc_t*, const_dnnl_memory_desc_t);
-int dnnl_memory_desc_destroy(dnnl_memory_desc_t);
-int dnnl_memory_desc_equal(const_dnnl_memory_desc_t, const_dnnl_memory_desc_t);
-size_t dnnl_memory_desc_get_size(const_dnnl_memory_desc_t);
-int dnnl_memory_create(dnnl_memory_t*, const_dnnl_memory_desc_t, dnnl_engine_t, void* handle);
-int dnnl_memory_destroy(dnnl_memory_t);
-int dnnl_convolution_forward_primitive_desc_create(
-    dnnl_primitive_desc_t*, dnnl_engine_t, int prop_kind, int alg_kind,
-    const_dnnl_memory_desc_t src, const_dnnl_memory_desc_t weights,
-    const_dnnl_memory_desc_t bias, const_dnnl_memory_desc_t dst, const dnnl_dims_t strides,
-    const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
-    const_dnnl_primitive_attr_t attr);
-int dnnl_reorder_primitive_desc_create(dnnl_primitive_desc_t*, const_dnnl_memory_desc_t src,
-                                       dnnl_engine_t, const_dnnl_memory_desc_t dst,
-                                       dnnl_engine_t, const_dnnl_primitive_attr_t attr);
-const_dnnl_memory_desc_t dnnl_primitive_desc_query_md(const_dnnl_primitive_desc_t, int what,
-                                                      int index);
-int dnnl_primitive_desc_destroy(dnnl_primitive_desc_t);
-int dnnl_primitive_create(dnnl_primitive_t*, const_dnnl_primitive_desc_t);
-int dnnl_primitive_execute(const_dnnl_primitive_t, dnnl_stream_t, int nargs,
-                           const dnnl_exec_arg_t* args);
-int dnnl_primitive_destroy(dnnl_primitive_t);
-int dnnl_primitive_attr_create(dnnl_primitive_attr_t*);
-int dnnl_primitive_attr_destroy(dnnl_primitive_attr_t);
-int dnnl_primitive_attr_set_scratchpad_mode(dnnl_primitive_attr_t, int mode);
-}
-
-enum {
-  AS_DNNL_CPU = 1,
-  AS_DNNL_F32 = 3,
-  AS_DNNL_TAG_ANY = 1,
-  AS_DNNL_FORWARD_INFERENCE = 96,
-  AS_DNNL_CONVOLUTION_DIRECT = 1,
-  AS_DNNL_QUERY_SRC_MD = 129,
-  AS_DNNL_QUERY_WEIGHTS_MD = 131,
-  AS_DNNL_QUERY_DST_MD = 133,
-  AS_DNNL_QUERY_SCRATCHPAD_MD = 136,
-  AS_DNNL_SCRATCHPAD_USER = 1,
-  AS_DNNL_ARG_SRC = 1,
-  AS_DNNL_ARG_DST = 17,
-  AS_DNNL_ARG_WEIGHTS = 33,
-  AS_DNNL_ARG_SCRATCHPAD = 80,
-};
 
 // Shapes kept per call site; the least recently used one not running is replaced.
 #define AS_CONV_SHAPES 32
-
-static dnnl_engine_t as_dnnl_engine() {
-  static dnnl_engine_t engine = [] {
-    dnnl_engine_t e = nullptr;
-    return dnnl_engine_create(&e, AS_DNNL_CPU, 0) == 0 ? e : nullptr;
-  }();
-  return engine;
-}
-
-struct AsDnnlStream {
-  dnnl_stream_t s = nullptr;
-  ~AsDnnlStream() {
-    if (s) dnnl_stream_destroy(s);
-  }
-};
-static dnnl_stream_t as_dnnl_stream() {
-  static thread_local AsDnnlStream stream;
-  if (!stream.s && dnnl_stream_create(&stream.s, as_dnnl_engine(), 1) != 0) stream.s = nullptr;
-  return stream.s;
-}
-
-// A weight is packed once only if its owner watches it for in-place changes (plugin mode
-// registers the weights it watches with `anyshape_watch_weights` and calls
-// `anyshape_weights_changed()` after any change). Other weights — a library loaded twice
-// serves models that may not watch theirs — are packed into each call's scratch space.
-static pthread_mutex_t as_watch_mu = PTHREAD_MUTEX_INITIALIZER;
-static const void** as_watched = nullptr;
-static int64_t as_nwatched = 0;
-static uint64_t as_weights_generation = 1;
-// Registering weights also bumps the generation: new weights may sit where freed ones
-// were packed from.
-extern "C" int anyshape_watch_weights(const void* const* weights, int64_t n) {
-  pthread_mutex_lock(&as_watch_mu);
-  const void** grown = (const void**)realloc(as_watched, sizeof(void*) * (as_nwatched + n + 1));
-  if (grown) {
-    as_watched = grown;
-    for (int64_t k = 0; k < n; ++k) as_watched[as_nwatched++] = weights[k];
-  }
-  pthread_mutex_unlock(&as_watch_mu);
-  __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
-  return grown != nullptr;
-}
-extern "C" void anyshape_weights_changed() {
-  __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
-}
-static bool as_is_watched(const void* weights) {
-  pthread_mutex_lock(&as_watch_mu);
-  bool found = false;
-  for (int64_t k = 0; k < as_nwatched && !found; ++k) found = as_watched[k] == weights;
-  pthread_mutex_unlock(&as_watch_mu);
-  return found;
-}
-
-// Weights of one layer in the convolution's own layout.
-struct AsPackedWeights {
-  const float* plain;
-  dnnl_memory_desc_t md;
-  float* data;
-  uint64_t generation;
-};
 
 // The primitives for one input size (one image).
 struct AsConvShape {
@@ -165,55 +34,11 @@ static void as_conv_shape_free(AsConvShape* e) {
 // One call site: a convolution's static geometry, its shapes and its layers' packed weights.
 struct AsConvSite {
   int64_t c, o, kh, kw, sh, sw, ph, pw, dh, dw;
-  pthread_mutex_t mu;
+  AsWeightsCache weights;
   AsConvShape shapes[AS_CONV_SHAPES];
   int64_t clock;
-  AsPackedWeights* packed;
-  int64_t npacked;
   bool broken;  // oneDNN refused this geometry: the caller's own path runs instead
-  AsConvSite* next;  // every site that has run, for `anyshape_unwatch_weights`
-  bool listed;
 };
-static AsConvSite* as_sites = nullptr;
-
-// The owner of these weights is gone: forget them and free their packed copies.
-extern "C" void anyshape_unwatch_weights(const void* const* weights, int64_t n) {
-  pthread_mutex_lock(&as_watch_mu);
-  for (int64_t k = 0; k < n; ++k)
-    for (int64_t j = 0; j < as_nwatched; ++j)
-      if (as_watched[j] == weights[k]) {
-        as_watched[j] = as_watched[--as_nwatched];
-        break;
-      }
-  AsConvSite* sites = as_sites;  // only ever grows at the head
-  pthread_mutex_unlock(&as_watch_mu);
-  for (AsConvSite* s = sites; s; s = s->next) {
-    pthread_mutex_lock(&s->mu);
-    for (int64_t j = 0; j < s->npacked;) {
-      bool gone = false;
-      for (int64_t k = 0; k < n && !gone; ++k) gone = s->packed[j].plain == weights[k];
-      if (!gone) {
-        ++j;
-        continue;
-      }
-      free(s->packed[j].data);
-      dnnl_memory_desc_destroy(s->packed[j].md);
-      s->packed[j] = s->packed[--s->npacked];
-    }
-    pthread_mutex_unlock(&s->mu);
-  }
-  __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
-}
-
-static dnnl_primitive_t as_dnnl_reorder(const_dnnl_memory_desc_t from, const_dnnl_memory_desc_t to) {
-  dnnl_primitive_desc_t pd = nullptr;
-  dnnl_primitive_t p = nullptr;
-  if (dnnl_reorder_primitive_desc_create(&pd, from, as_dnnl_engine(), to, as_dnnl_engine(), nullptr))
-    return nullptr;
-  if (dnnl_primitive_create(&p, pd)) p = nullptr;
-  dnnl_primitive_desc_destroy(pd);
-  return p;
-}
 
 static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConvShape* e) {
   memset(e, 0, sizeof(*e));
@@ -266,82 +91,28 @@ static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConv
   return true;
 }
 
-static bool as_dnnl_run(const_dnnl_primitive_t p, int n, const int* args,
-                        const const_dnnl_memory_desc_t* mds, void* const* ptrs) {
-  dnnl_exec_arg_t exec[4];
-  bool ok = true;
-  int made = 0;
-  for (; made < n && ok; ++made) {
-    exec[made].arg = args[made];
-    ok = dnnl_memory_create(&exec[made].memory, mds[made], as_dnnl_engine(), ptrs[made]) == 0;
-    if (!ok) break;
-  }
-  dnnl_stream_t stream = as_dnnl_stream();
-  ok = ok && stream && dnnl_primitive_execute(p, stream, n, exec) == 0;
-  for (int k = 0; k < made; ++k)
-    if (exec[k].memory) dnnl_memory_destroy(exec[k].memory);
-  return ok;
+// OIHW weights as the model holds them.
+static dnnl_memory_desc_t as_conv_plain_weights(const AsConvSite* s) {
+  dnnl_dims_t dims = {s->o, s->c, s->kh, s->kw};
+  dnnl_dims_t st = {s->c * s->kh * s->kw, s->kh * s->kw, s->kw, 1};
+  dnnl_memory_desc_t md = nullptr;
+  return dnnl_memory_desc_create_with_strides(&md, 4, dims, AS_DNNL_F32, st) == 0 ? md : nullptr;
 }
 
 // OIHW weights `plain` reordered into `packed` (layout `md`).
 static bool as_conv_pack(const AsConvSite* s, const float* plain, const_dnnl_memory_desc_t md,
                          float* packed) {
-  dnnl_dims_t dims = {s->o, s->c, s->kh, s->kw};
-  dnnl_dims_t st = {s->c * s->kh * s->kw, s->kh * s->kw, s->kw, 1};
-  dnnl_memory_desc_t plain_md = nullptr;
-  bool ok = dnnl_memory_desc_create_with_strides(&plain_md, 4, dims, AS_DNNL_F32, st) == 0;
-  dnnl_primitive_t r = ok ? as_dnnl_reorder(plain_md, md) : nullptr;
-  const int args[2] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_DST};
-  const_dnnl_memory_desc_t mds[2] = {plain_md, md};
-  void* ptrs[2] = {(void*)plain, packed};
-  ok = r && as_dnnl_run(r, 2, args, mds, ptrs);
-  if (r) dnnl_primitive_destroy(r);
+  dnnl_memory_desc_t plain_md = as_conv_plain_weights(s);
+  const bool ok = plain_md && as_dnnl_pack(plain_md, plain, md, packed);
   if (plain_md) dnnl_memory_desc_destroy(plain_md);
   return ok;
-}
-
-// The layer's weights in the layout of `e`, packed on first use (under the site's lock);
-// `plain` itself for weights nobody watches.
-static const float* as_conv_packed(AsConvSite* s, const AsConvShape* e, const float* plain) {
-  const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
-  AsPackedWeights* p = nullptr;
-  for (int64_t k = 0; k < s->npacked && !p; ++k)
-    if (s->packed[k].plain == plain && dnnl_memory_desc_equal(s->packed[k].md, e->weights))
-      p = &s->packed[k];
-  if (p && p->generation == gen) return p->data;
-  if (!p) {
-    // Entries exist only for watched weights (unwatching drops them): look no further.
-    if (!as_is_watched(plain)) return plain;  // the caller packs it for this call
-    AsPackedWeights* grown =
-        (AsPackedWeights*)realloc(s->packed, sizeof(AsPackedWeights) * (s->npacked + 1));
-    if (!grown) return nullptr;
-    s->packed = grown;
-    p = &s->packed[s->npacked];
-    memset(p, 0, sizeof(*p));
-    p->plain = plain;
-    p->data = (float*)as_alloc((int64_t)dnnl_memory_desc_get_size(e->weights));
-    if (!p->data || dnnl_memory_desc_clone(&p->md, e->weights)) {
-      free(p->data);
-      return nullptr;
-    }
-    s->npacked += 1;
-  }
-  if (!as_conv_pack(s, plain, p->md, p->data)) return nullptr;
-  p->generation = gen;
-  return p->data;
 }
 
 // The entry for (h, w), made if new; marked in use until as_conv_release.
 static AsConvShape* as_conv_acquire(AsConvSite* s, int64_t h, int64_t w, const float* weights,
                                     const float** packed) {
-  pthread_mutex_lock(&s->mu);
-  if (!s->listed) {
-    pthread_mutex_lock(&as_watch_mu);
-    s->next = as_sites;
-    as_sites = s;
-    s->listed = true;
-    pthread_mutex_unlock(&as_watch_mu);
-  }
+  pthread_mutex_lock(&s->weights.mu);
+  as_cache_list(&s->weights);
   AsConvShape* hit = nullptr;
   AsConvShape* victim = nullptr;
   for (int k = 0; k < AS_CONV_SHAPES && !hit; ++k) {
@@ -356,7 +127,9 @@ static AsConvShape* as_conv_acquire(AsConvSite* s, int64_t h, int64_t w, const f
     else s->broken = true;
   }
   if (hit) {
-    *packed = as_conv_packed(s, hit, weights);
+    dnnl_memory_desc_t plain_md = as_conv_plain_weights(s);
+    *packed = plain_md ? as_packed_weights(&s->weights, weights, plain_md, hit->weights) : nullptr;
+    if (plain_md) dnnl_memory_desc_destroy(plain_md);
     if (*packed) {
       hit->users += 1;
       hit->last_use = ++s->clock;
@@ -364,14 +137,14 @@ static AsConvShape* as_conv_acquire(AsConvSite* s, int64_t h, int64_t w, const f
       hit = nullptr;
     }
   }
-  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_unlock(&s->weights.mu);
   return hit;
 }
 
 static void as_conv_release(AsConvSite* s, AsConvShape* e) {
-  pthread_mutex_lock(&s->mu);
+  pthread_mutex_lock(&s->weights.mu);
   e->users -= 1;
-  pthread_mutex_unlock(&s->mu);
+  pthread_mutex_unlock(&s->weights.mu);
 }
 
 // y = conv(x, w) for one image in NCHW; false if oneDNN could not run it (the caller

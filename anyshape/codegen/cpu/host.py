@@ -22,6 +22,7 @@ from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
 from .conv_emit import uses_dnnl_conv
+from .gemm_emit import dnnl_matmul_weight
 from .kernels import Kernel, emit_kernel
 from .memory import MemoryPlan, plan_memory
 from .schedule import SOURCE_OPS, describe_kernel, members, plan_schedule
@@ -85,8 +86,13 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])
     here = resources.files(__package__)
     lines = [here.joinpath("prelude.h").read_text(), here.joinpath("vmath.h").read_text(), ""]
-    if any(uses_dnnl_conv(root) for root in sched.kernels):
-        lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", here.joinpath("dnnl_conv.h").read_text(), "#endif"]
+    convs = [r for r in sched.kernels if uses_dnnl_conv(r)]
+    matmuls = [r for r in sched.kernels if dnnl_matmul_weight(sched, r) is not None]
+    headers = ["dnnl.h"] * bool(convs or matmuls)
+    headers += ["dnnl_conv.h"] * bool(convs) + ["dnnl_matmul.h"] * bool(matmuls)
+    if headers:
+        texts = [here.joinpath(h).read_text() for h in headers]
+        lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", *texts, "#endif"]
     for body, name in names.items():
         lines.append(f"static int {name}(void* const* P, const int64_t* D) {{")
         lines += ["  " + ln for ln in body.splitlines()]
@@ -100,7 +106,8 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         + (f" [variants: {' | '.join(k.variants)}]" if k.variants else "")
         for k in kernels
     ]
-    packed = sorted({r.inputs[1].attr("name") for r in sched.kernels if uses_dnnl_conv(r)})
+    weights = [r.inputs[1] for r in convs] + [dnnl_matmul_weight(sched, r) for r in matmuls]
+    packed = sorted({w.attr("name") for w in weights})
     return HostProgram(
         "\n".join(lines) + "\n", slots, extra_symbols, params, labels, described, packed
     )

@@ -10,7 +10,8 @@ materialized root node into a ``Kernel``: a C++ function
   threshold), the innermost dim is a plain loop the compiler vectorizes;
 - reduce / argreduce / cumulative: the fused input expression read inside the
   reduction loops (input fusion); sums of f32 accumulate in double;
-- dot: OpenBLAS sgemm/dgemm (batched, transposes folded into the call);
+- dot: oneDNN's matmul against a packed model weight, or OpenBLAS sgemm/dgemm
+  (batched, transposes folded into the call) (``gemm_emit``);
 - convolution: float ones through oneDNN or im2col + GEMM (``conv_emit``), with
   their epilogue; others, and pool: direct window loops over a materialized input
   (float max pooling row by row, vectorized: ``pool_emit``).
@@ -26,7 +27,7 @@ from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, format_dim
-from . import conv_emit, pool_emit
+from . import conv_emit, gemm_emit, pool_emit
 from .ctypes_map import c_type, compute_type, literal
 from .expr import KernelScope, _product
 from .hoist import hoist_invariants
@@ -34,7 +35,6 @@ from .schedule import EXPENSIVE_OPS, Schedule, fused_into, members
 
 PARALLEL_WORK = 32768  # work (elements x cost per element) below which a kernel stays serial
 BLOCK = 4096  # elements per parallel block of a 1-D loop
-# Output positions per image below which a batch's convolution is one GEMM over all images.
 # Work of one row below which a stitch kernel keeps it on one thread: each of the row's
 # loops is its own parallel region (softmax over one row of 20000: 11 -> 17 us split).
 ROW_SPLIT_WORK = 8 * PARALLEL_WORK
@@ -345,44 +345,6 @@ def _emit_cumulative(scope: KernelScope, root: Node) -> list[str]:
     return lines
 
 
-def _emit_dot(scope: KernelScope, root: Node) -> list[str]:
-    a, b = root.inputs
-    m, n = root.shape[-2], root.shape[-1]
-    k = a.shape[-1]
-    batch = _product(root.shape[:-2])
-
-    def operand(x: Node):
-        inner = scope.sched.transposed_operands.get(id(x))
-        return (inner, True) if inner is not None else (x, False)
-
-    (abuf, ta), (bbuf, tb) = operand(a), operand(b)
-    pa, pb, pc = scope.ptr(abuf), scope.ptr(bbuf), scope.ptr(root)
-    M, N, K, B = (scope.dim(v) for v in (m, n, k, batch))
-    if root.dtype in (DType.f32, DType.f64):
-        t = c_type(root.dtype)
-        lda = M if ta else K
-        ldb = K if tb else N
-        return [
-            f"if ({M} == 0 || {N} == 0) return 0;",
-            f"if ({K} == 0) {{ for (int64_t q = 0; q < {B} * {M} * {N}; ++q) (({t}*){pc})[q] = 0; "
-            "return 0; }",
-            f"as_gemm_batch<{t}>({'CblasTrans' if ta else 'CblasNoTrans'}, "
-            f"{'CblasTrans' if tb else 'CblasNoTrans'}, {M}, {N}, {K}, "
-            f"(const {t}*){pa}, {lda}, (const {t}*){pb}, {ldb}, ({t}*){pc}, {B});",
-        ]
-    ct, acc = c_type(root.dtype), "double" if root.dtype.is_float else "int64_t"
-    ia = f"(p * {K} + kk) * {M} + i" if ta else f"(p * {M} + i) * {K} + kk"
-    ib = f"(p * {N} + j) * {K} + kk" if tb else f"(p * {K} + kk) * {N} + j"
-    return [
-        "#pragma omp parallel for collapse(2)",
-        f"for (int64_t p = 0; p < {B}; ++p) for (int64_t i = 0; i < {M}; ++i)",
-        f"  for (int64_t j = 0; j < {N}; ++j) {{ {acc} s = 0;",
-        f"    for (int64_t kk = 0; kk < {K}; ++kk) s += ({acc})(({c_type(a.dtype)}*){pa})[{ia}] * "
-        f"({acc})(({c_type(b.dtype)}*){pb})[{ib}];",
-        f"    (({ct}*){pc})[(p * {M} + i) * {N} + j] = ({ct})s; }}",
-    ]
-
-
 def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     """convolution and pool: direct loops over each output element's window."""
     if pool_emit.covers(root):
@@ -484,7 +446,7 @@ EMITTERS = {
     "reduce": _emit_reduce,
     "argreduce": _emit_argreduce,
     "cumulative": _emit_cumulative,
-    "dot": _emit_dot,
+    "dot": gemm_emit.emit_dot,
     "convolution": _emit_conv,
     "pool": _emit_window,
 }

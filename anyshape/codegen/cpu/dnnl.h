@@ -1,0 +1,261 @@
+// anyshape CPU runtime: the part of oneDNN's C API the generated code uses, and the
+// weights it keeps packed in oneDNN's layouts (plugin mode, when installed). Pasted after
+// prelude.h, before dnnl_conv.h and dnnl_matmul.h, into translation units that call
+// oneDNN primitives; only compiled with ANYSHAPE_DNNL (the build links the
+// onednn-cpu-gomp wheel's libdnnl.so.3, which ships no headers). Only entry points
+// stable across oneDNN 3.x are declared.
+#include <pthread.h>
+
+extern "C" {
+typedef struct dnnl_engine* dnnl_engine_t;
+typedef struct dnnl_stream* dnnl_stream_t;
+typedef struct dnnl_memory_desc* dnnl_memory_desc_t;
+typedef const struct dnnl_memory_desc* const_dnnl_memory_desc_t;
+typedef struct dnnl_memory* dnnl_memory_t;
+typedef struct dnnl_primitive_desc* dnnl_primitive_desc_t;
+typedef const struct dnnl_primitive_desc* const_dnnl_primitive_desc_t;
+typedef struct dnnl_primitive* dnnl_primitive_t;
+typedef const struct dnnl_primitive* const_dnnl_primitive_t;
+typedef struct dnnl_primitive_attr* dnnl_primitive_attr_t;
+typedef const struct dnnl_primitive_attr* const_dnnl_primitive_attr_t;
+typedef int64_t dnnl_dims_t[12];
+typedef struct {
+  int arg;
+  dnnl_memory_t memory;
+} dnnl_exec_arg_t;
+int dnnl_engine_create(dnnl_engine_t*, int kind, size_t index);
+int dnnl_stream_create(dnnl_stream_t*, dnnl_engine_t, unsigned flags);
+int dnnl_stream_destroy(dnnl_stream_t);
+int dnnl_memory_desc_create_with_tag(dnnl_memory_desc_t*, int ndims, const dnnl_dims_t dims,
+                                     int data_type, int tag);
+int dnnl_memory_desc_create_with_strides(dnnl_memory_desc_t*, int ndims, const dnnl_dims_t dims,
+                                         int data_type, const dnnl_dims_t strides);
+int dnnl_memory_desc_clone(dnnl_memory_desc_t*, const_dnnl_memory_desc_t);
+int dnnl_memory_desc_destroy(dnnl_memory_desc_t);
+int dnnl_memory_desc_equal(const_dnnl_memory_desc_t, const_dnnl_memory_desc_t);
+size_t dnnl_memory_desc_get_size(const_dnnl_memory_desc_t);
+int dnnl_memory_create(dnnl_memory_t*, const_dnnl_memory_desc_t, dnnl_engine_t, void* handle);
+int dnnl_memory_destroy(dnnl_memory_t);
+int dnnl_convolution_forward_primitive_desc_create(
+    dnnl_primitive_desc_t*, dnnl_engine_t, int prop_kind, int alg_kind,
+    const_dnnl_memory_desc_t src, const_dnnl_memory_desc_t weights,
+    const_dnnl_memory_desc_t bias, const_dnnl_memory_desc_t dst, const dnnl_dims_t strides,
+    const dnnl_dims_t dilates, const dnnl_dims_t padding_l, const dnnl_dims_t padding_r,
+    const_dnnl_primitive_attr_t attr);
+int dnnl_matmul_primitive_desc_create(dnnl_primitive_desc_t*, dnnl_engine_t,
+                                      const_dnnl_memory_desc_t src, const_dnnl_memory_desc_t weights,
+                                      const_dnnl_memory_desc_t bias, const_dnnl_memory_desc_t dst,
+                                      const_dnnl_primitive_attr_t attr);
+int dnnl_reorder_primitive_desc_create(dnnl_primitive_desc_t*, const_dnnl_memory_desc_t src,
+                                       dnnl_engine_t, const_dnnl_memory_desc_t dst,
+                                       dnnl_engine_t, const_dnnl_primitive_attr_t attr);
+const_dnnl_memory_desc_t dnnl_primitive_desc_query_md(const_dnnl_primitive_desc_t, int what,
+                                                      int index);
+int dnnl_primitive_desc_destroy(dnnl_primitive_desc_t);
+int dnnl_primitive_create(dnnl_primitive_t*, const_dnnl_primitive_desc_t);
+int dnnl_primitive_execute(const_dnnl_primitive_t, dnnl_stream_t, int nargs,
+                           const dnnl_exec_arg_t* args);
+int dnnl_primitive_destroy(dnnl_primitive_t);
+int dnnl_primitive_attr_create(dnnl_primitive_attr_t*);
+int dnnl_primitive_attr_destroy(dnnl_primitive_attr_t);
+int dnnl_primitive_attr_set_scratchpad_mode(dnnl_primitive_attr_t, int mode);
+}
+
+enum {
+  AS_DNNL_CPU = 1,
+  AS_DNNL_F32 = 3,
+  AS_DNNL_TAG_ANY = 1,
+  AS_DNNL_FORWARD_INFERENCE = 96,
+  AS_DNNL_CONVOLUTION_DIRECT = 1,
+  AS_DNNL_QUERY_SRC_MD = 129,
+  AS_DNNL_QUERY_WEIGHTS_MD = 131,
+  AS_DNNL_QUERY_DST_MD = 133,
+  AS_DNNL_QUERY_SCRATCHPAD_MD = 136,
+  AS_DNNL_SCRATCHPAD_USER = 1,
+  AS_DNNL_ARG_SRC = 1,
+  AS_DNNL_ARG_DST = 17,
+  AS_DNNL_ARG_WEIGHTS = 33,
+  AS_DNNL_ARG_SCRATCHPAD = 80,
+};
+
+static dnnl_engine_t as_dnnl_engine() {
+  static dnnl_engine_t engine = [] {
+    dnnl_engine_t e = nullptr;
+    return dnnl_engine_create(&e, AS_DNNL_CPU, 0) == 0 ? e : nullptr;
+  }();
+  return engine;
+}
+
+struct AsDnnlStream {
+  dnnl_stream_t s = nullptr;
+  ~AsDnnlStream() {
+    if (s) dnnl_stream_destroy(s);
+  }
+};
+static dnnl_stream_t as_dnnl_stream() {
+  static thread_local AsDnnlStream stream;
+  if (!stream.s && dnnl_stream_create(&stream.s, as_dnnl_engine(), 1) != 0) stream.s = nullptr;
+  return stream.s;
+}
+
+// A weight is packed once only if its owner watches it for in-place changes (plugin mode
+// registers the weights it watches with `anyshape_watch_weights` and calls
+// `anyshape_weights_changed()` after any change). Other weights — a library loaded twice
+// serves models that may not watch theirs — are packed into each call's scratch space.
+static pthread_mutex_t as_watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static const void** as_watched = nullptr;
+static int64_t as_nwatched = 0;
+static uint64_t as_weights_generation = 1;
+// Registering weights also bumps the generation: new weights may sit where freed ones
+// were packed from.
+extern "C" int anyshape_watch_weights(const void* const* weights, int64_t n) {
+  pthread_mutex_lock(&as_watch_mu);
+  const void** grown = (const void**)realloc(as_watched, sizeof(void*) * (as_nwatched + n + 1));
+  if (grown) {
+    as_watched = grown;
+    for (int64_t k = 0; k < n; ++k) as_watched[as_nwatched++] = weights[k];
+  }
+  pthread_mutex_unlock(&as_watch_mu);
+  __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
+  return grown != nullptr;
+}
+extern "C" void anyshape_weights_changed() {
+  __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
+}
+static bool as_is_watched(const void* weights) {
+  pthread_mutex_lock(&as_watch_mu);
+  bool found = false;
+  for (int64_t k = 0; k < as_nwatched && !found; ++k) found = as_watched[k] == weights;
+  pthread_mutex_unlock(&as_watch_mu);
+  return found;
+}
+
+// Weights of one layer in the layout one primitive wants.
+struct AsPackedWeights {
+  const float* plain;
+  dnnl_memory_desc_t md;
+  float* data;
+  uint64_t generation;
+};
+
+// The packed weights of one call site (a site serves every layer its kernel is shared by).
+struct AsWeightsCache {
+  pthread_mutex_t mu;
+  AsPackedWeights* packed;
+  int64_t npacked;
+  AsWeightsCache* next;  // every site that has run, for `anyshape_unwatch_weights`
+  bool listed;
+};
+static AsWeightsCache* as_sites = nullptr;
+
+// Called under c->mu on each use: the site joins the list `anyshape_unwatch_weights` walks.
+static void as_cache_list(AsWeightsCache* c) {
+  if (c->listed) return;
+  pthread_mutex_lock(&as_watch_mu);
+  c->next = as_sites;
+  as_sites = c;
+  c->listed = true;
+  pthread_mutex_unlock(&as_watch_mu);
+}
+
+// The owner of these weights is gone: forget them and free their packed copies.
+extern "C" void anyshape_unwatch_weights(const void* const* weights, int64_t n) {
+  pthread_mutex_lock(&as_watch_mu);
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t j = 0; j < as_nwatched; ++j)
+      if (as_watched[j] == weights[k]) {
+        as_watched[j] = as_watched[--as_nwatched];
+        break;
+      }
+  AsWeightsCache* sites = as_sites;  // only ever grows at the head
+  pthread_mutex_unlock(&as_watch_mu);
+  for (AsWeightsCache* s = sites; s; s = s->next) {
+    pthread_mutex_lock(&s->mu);
+    for (int64_t j = 0; j < s->npacked;) {
+      bool gone = false;
+      for (int64_t k = 0; k < n && !gone; ++k) gone = s->packed[j].plain == weights[k];
+      if (!gone) {
+        ++j;
+        continue;
+      }
+      free(s->packed[j].data);
+      dnnl_memory_desc_destroy(s->packed[j].md);
+      s->packed[j] = s->packed[--s->npacked];
+    }
+    pthread_mutex_unlock(&s->mu);
+  }
+  __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
+}
+
+static dnnl_primitive_t as_dnnl_reorder(const_dnnl_memory_desc_t from, const_dnnl_memory_desc_t to) {
+  dnnl_primitive_desc_t pd = nullptr;
+  dnnl_primitive_t p = nullptr;
+  if (dnnl_reorder_primitive_desc_create(&pd, from, as_dnnl_engine(), to, as_dnnl_engine(), nullptr))
+    return nullptr;
+  if (dnnl_primitive_create(&p, pd)) p = nullptr;
+  dnnl_primitive_desc_destroy(pd);
+  return p;
+}
+
+static bool as_dnnl_run(const_dnnl_primitive_t p, int n, const int* args,
+                        const const_dnnl_memory_desc_t* mds, void* const* ptrs) {
+  dnnl_exec_arg_t exec[4];
+  bool ok = true;
+  int made = 0;
+  for (; made < n && ok; ++made) {
+    exec[made].arg = args[made];
+    ok = dnnl_memory_create(&exec[made].memory, mds[made], as_dnnl_engine(), ptrs[made]) == 0;
+    if (!ok) break;
+  }
+  dnnl_stream_t stream = as_dnnl_stream();
+  ok = ok && stream && dnnl_primitive_execute(p, stream, n, exec) == 0;
+  for (int k = 0; k < made; ++k)
+    if (exec[k].memory) dnnl_memory_destroy(exec[k].memory);
+  return ok;
+}
+
+// `plain` (laid out as `plain_md`) reordered into `packed` (layout `md`).
+static bool as_dnnl_pack(const_dnnl_memory_desc_t plain_md, const float* plain,
+                         const_dnnl_memory_desc_t md, float* packed) {
+  dnnl_primitive_t r = as_dnnl_reorder(plain_md, md);
+  const int args[2] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_DST};
+  const_dnnl_memory_desc_t mds[2] = {plain_md, md};
+  void* ptrs[2] = {(void*)plain, packed};
+  const bool ok = r && as_dnnl_run(r, 2, args, mds, ptrs);
+  if (r) dnnl_primitive_destroy(r);
+  return ok;
+}
+
+// Under c->mu: the weights `plain` (layout `plain_md`) in layout `md`, packed on first use
+// and again after `anyshape_weights_changed()`; `plain` itself for weights nobody watches
+// (the caller decides what to do with them); null when out of memory or oneDNN failed.
+static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
+                                      const_dnnl_memory_desc_t plain_md,
+                                      const_dnnl_memory_desc_t md) {
+  const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
+  AsPackedWeights* p = nullptr;
+  for (int64_t k = 0; k < c->npacked && !p; ++k)
+    if (c->packed[k].plain == plain && dnnl_memory_desc_equal(c->packed[k].md, md))
+      p = &c->packed[k];
+  if (p && p->generation == gen) return p->data;
+  if (!p) {
+    // Entries exist only for watched weights (unwatching drops them): look no further.
+    if (!as_is_watched(plain)) return plain;
+    AsPackedWeights* grown =
+        (AsPackedWeights*)realloc(c->packed, sizeof(AsPackedWeights) * (c->npacked + 1));
+    if (!grown) return nullptr;
+    c->packed = grown;
+    p = &c->packed[c->npacked];
+    memset(p, 0, sizeof(*p));
+    p->plain = plain;
+    p->data = (float*)as_alloc((int64_t)dnnl_memory_desc_get_size(md));
+    if (!p->data || dnnl_memory_desc_clone(&p->md, md)) {
+      free(p->data);
+      return nullptr;
+    }
+    c->npacked += 1;
+  }
+  if (!as_dnnl_pack(plain_md, plain, p->md, p->data)) return nullptr;
+  p->generation = gen;
+  return p->data;
+}

@@ -1,0 +1,91 @@
+// anyshape CPU runtime: GEMMs against a model weight through oneDNN's matmul (plugin mode,
+// when installed). Pasted after dnnl.h into translation units that hold such a GEMM.
+//
+// A linear layer multiplies activations of any row count by a weight of fixed shape. With
+// the weight reordered once into the layout oneDNN's matmul picks for it, that matmul ran
+// BERT's and GPT-2's linear layers at 220-231 GFLOP/s from 8 to 2048 rows on the 2-core
+// Zen 4 machine, where OpenBLAS (which packs the weight again on every call) reached
+// 80-215 and oneDNN's sgemm 40-220 (docs/architecture.md, "Libraries"). oneDNN's run-time
+// dimensions let one primitive per call site serve every row count: it is made on the
+// site's first call (0.03-1.5 ms) and never again.
+
+// One call site: the weight's static shape, the primitive and its layers' packed weights.
+struct AsMatmulSite {
+  int64_t k, n;
+  int64_t transposed;  // the model holds the weight as [n, k] (nn.Linear), else [k, n]
+  AsWeightsCache weights;
+  dnnl_primitive_t matmul;
+  dnnl_memory_desc_t plain, packed, scratch;
+  int64_t scratch_bytes;
+  bool made, broken;  // broken: oneDNN refused it, the caller's GEMM runs instead
+  bool in_place;      // the primitive reads the weight as the model holds it: no copy
+};
+
+#define AS_DNNL_RUNTIME_DIM INT64_MIN
+
+// Row-major [m, cols] with m left to run time (AS_DNNL_RUNTIME_DIM) or given.
+static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols) {
+  dnnl_dims_t dims = {m, cols}, strides = {cols, 1};
+  dnnl_memory_desc_t md = nullptr;
+  return dnnl_memory_desc_create_with_strides(&md, 2, dims, AS_DNNL_F32, strides) == 0 ? md
+                                                                                        : nullptr;
+}
+
+static bool as_matmul_make(AsMatmulSite* s) {
+  dnnl_dims_t wdims = {s->k, s->n};
+  dnnl_dims_t wstrides = {s->transposed ? 1 : s->n, s->transposed ? s->k : 1};
+  dnnl_memory_desc_t src = as_rows_md(AS_DNNL_RUNTIME_DIM, s->k);
+  dnnl_memory_desc_t dst = as_rows_md(AS_DNNL_RUNTIME_DIM, s->n);
+  dnnl_memory_desc_t any = nullptr;
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_primitive_desc_t pd = nullptr;
+  bool ok =
+      src && dst &&
+      dnnl_memory_desc_create_with_strides(&s->plain, 2, wdims, AS_DNNL_F32, wstrides) == 0 &&
+      dnnl_memory_desc_create_with_tag(&any, 2, wdims, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
+      dnnl_primitive_attr_create(&attr) == 0 &&
+      dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
+      dnnl_matmul_primitive_desc_create(&pd, as_dnnl_engine(), src, any, nullptr, dst, attr) == 0 &&
+      dnnl_primitive_create(&s->matmul, pd) == 0 &&
+      dnnl_memory_desc_clone(&s->packed, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_WEIGHTS_MD, 0)) == 0 &&
+      dnnl_memory_desc_clone(&s->scratch, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SCRATCHPAD_MD, 0)) == 0;
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  dnnl_memory_desc_t tmp[] = {src, dst, any};
+  for (dnnl_memory_desc_t md : tmp)
+    if (md) dnnl_memory_desc_destroy(md);
+  if (ok) s->scratch_bytes = as_round64((int64_t)dnnl_memory_desc_get_size(s->scratch));
+  if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed);
+  return ok;
+}
+
+// c[m, n] = a[m, k] @ w, with w as the model holds it; false when oneDNN cannot run it or
+// w needs packing and nobody watches it (packing it on every call would cost more than it
+// saves): the caller's GEMM runs instead.
+static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
+  if (s->broken || !as_dnnl_engine()) return false;
+  pthread_mutex_lock(&s->weights.mu);
+  as_cache_list(&s->weights);
+  if (!s->made) {
+    s->made = true;
+    s->broken = !as_matmul_make(s);
+  }
+  const float* packed = s->broken ? nullptr
+                       : s->in_place ? w
+                                     : as_packed_weights(&s->weights, w, s->plain, s->packed);
+  pthread_mutex_unlock(&s->weights.mu);
+  if (!packed || (packed == w && !s->in_place)) return false;
+  dnnl_memory_desc_t src = as_rows_md(m, s->k), dst = as_rows_md(m, s->n);
+  void* scratch = s->scratch_bytes ? as_scratch(s->scratch_bytes) : nullptr;
+  bool ok = src && dst && (scratch || !s->scratch_bytes);
+  if (ok) {
+    const int args[4] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_WEIGHTS, AS_DNNL_ARG_DST,
+                         AS_DNNL_ARG_SCRATCHPAD};
+    const_dnnl_memory_desc_t mds[4] = {src, s->packed, dst, s->scratch};
+    void* ptrs[4] = {(void*)a, (void*)packed, c, scratch};
+    ok = as_dnnl_run(s->matmul, 4, args, mds, ptrs);
+  }
+  if (src) dnnl_memory_desc_destroy(src);
+  if (dst) dnnl_memory_desc_destroy(dst);
+  return ok;
+}

@@ -1,0 +1,164 @@
+"""GEMMs against model weights through oneDNN's matmul (plugin mode): rows, layouts,
+weights, threads.
+
+Every check compares with eager. One oneDNN primitive per call site serves every
+row count, with the weight packed once, so these tests run many row counts
+through one compiled model, change weights in place after the first calls, and
+call one model from several threads at once.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import anyshape
+from anyshape.codegen.cpu.executable import CpuExecutable
+from anyshape.ir.graph import Graph
+
+pytest.importorskip("importlib.metadata").distribution("onednn-cpu-gomp")  # a dependency
+
+SITE = "as_dnnl_matmul(&dnnl_site"
+
+
+def _source(opt) -> str:
+    (cluster,) = opt.report.clusters
+    return cluster.compiled.native.source
+
+
+class Mlp(torch.nn.Module):
+    """Both weight layouts: ``nn.Linear`` holds [out, in]; ``x @ w`` reads [in, out]."""
+
+    def __init__(self, k: int = 37, hidden: int = 53, n: int = 29):
+        super().__init__()
+        self.up = torch.nn.Linear(k, hidden)
+        self.down = torch.nn.Linear(hidden, n, bias=False)
+        self.w = torch.nn.Parameter(torch.randn(n, 41) / 6)
+
+    def forward(self, x):
+        return torch.relu(self.down(torch.nn.functional.gelu(self.up(x)))) @ self.w
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_every_row_count_through_one_primitive_per_site():
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    assert _source(opt).count(SITE) == 3
+    compilations = anyshape.stats()["compilations"]
+    with torch.no_grad():
+        for b, s in [(1, 1), (2, 5), (1, 7), (3, 64), (8, 129), (4, 300), (1, 1), (2, 5)]:
+            x = torch.randn(b, s, 37)
+            _close(opt(x), model(x))
+    assert anyshape.stats()["compilations"] == compilations
+
+
+def test_weights_changed_in_place_are_seen():
+    """Packed weights follow ``mul_`` and ``load_state_dict`` on the live model."""
+    torch.manual_seed(1)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    x = torch.randn(3, 9, 37)
+    with torch.no_grad():
+        _close(opt(x), model(x))
+        before = opt(x).clone()
+        model.up.weight.mul_(-2.0)
+        model.w.mul_(0.5)
+        _close(opt(x), model(x))
+        assert not torch.allclose(opt(x), before)
+        model.load_state_dict(Mlp().state_dict())
+        _close(opt(x), model(x))
+
+
+def test_the_watch_is_what_keeps_packed_weights_current():
+    torch.manual_seed(2)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    (cluster,) = opt.report.clusters
+    assert cluster.compiled.native.packed_params == ["down.weight", "up.weight", "w"]
+    watch, opt._weights_watch = opt._weights_watch, None  # registered, versions unchecked
+    x = torch.randn(2, 11, 37)
+    with torch.no_grad():
+        _close(opt(x), model(x))
+        model.down.weight.mul_(3.0)
+        assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
+        del watch  # its owner gone, the weights are unregistered: BLAS reads them live
+        _close(opt(x), model(x))
+
+
+def test_unwatched_weights_take_blas():
+    """A library nobody registered weights with (here: the same library loaded again for
+    copies of the weights) reads them live through BLAS, so in-place changes are seen."""
+    torch.manual_seed(3)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    g = opt.report.clusters[0].compiled.graph
+    copies = {name: value.copy() for name, value in g.params.items()}
+    exe = CpuExecutable(Graph(g.inputs, g.outputs, copies, g.constraints, g.name), [])
+    x = torch.randn(2, 7, 37)
+    with torch.no_grad():
+        _close(torch.from_numpy(exe([x.numpy()], [])[0]), model(x))
+        copies["up.weight"] *= -0.5
+        model.up.weight.mul_(-0.5)
+        _close(torch.from_numpy(exe([x.numpy()], [])[0]), model(x))
+
+
+def test_gemms_of_two_activations_and_other_dtypes_take_blas():
+    """Attention's batched GEMMs, a GEMM of two inputs and float64 have no weight to pack."""
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(16, 16, dtype=torch.float64))
+
+        def forward(self, q, k, a, b, d):
+            return torch.softmax(q @ k.transpose(-1, -2), -1), a @ b, d @ self.w
+
+    model = Attention().eval()
+    q, k = torch.randn(2, 3, 7, 16), torch.randn(2, 3, 7, 16)
+    a, b, d = torch.randn(5, 16), torch.randn(16, 9), torch.randn(4, 16, dtype=torch.float64)
+    opt = anyshape.optimize(model, (q, k, a, b, d), backend="cpu")
+    assert SITE not in _source(opt)
+    with torch.no_grad():
+        for got, want in zip(opt(q, k, a, b, d), model(q, k, a, b, d)):
+            _close(got, want)
+
+
+def test_off_switch_keeps_blas(monkeypatch):
+    monkeypatch.setenv("ANYSHAPE_DNNL_MATMUL", "off")
+    torch.manual_seed(4)
+    model = Mlp(k=23).eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 23),), backend="cpu")
+    assert SITE not in _source(opt)
+    x = torch.randn(4, 33, 23)
+    with torch.no_grad():
+        _close(opt(x), model(x))
+
+
+def test_one_model_called_from_several_threads_at_different_row_counts():
+    torch.manual_seed(5)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    inputs = [torch.randn(1 + k % 3, 3 + 17 * k, 37) for k in range(6)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    errors: list[str] = []
+
+    def worker(offset: int) -> None:
+        with torch.no_grad():
+            for it in range(12):
+                k = (offset + it) % len(inputs)
+                if not torch.allclose(opt(inputs[k]), expected[k], rtol=1e-4, atol=1e-4):
+                    errors.append(f"thread {offset}, input {k}")
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
