@@ -167,3 +167,35 @@ def test_the_key_changes_with_anyshape_source(monkeypatch):
     before = model_cache.fingerprint(model, args, {}, None, Options())
     monkeypatch.setattr(model_cache, "package_digest", lambda: "other source")
     assert model_cache.fingerprint(model, args, {}, None, Options()) != before
+
+
+def test_the_key_changes_with_what_steers_the_emitted_source(monkeypatch):
+    """A restored model reuses the translation unit kept in its entry, so switches that
+    change the emitted source are part of the key."""
+    from anyshape.codegen.cpu.host import SOURCE_ENV
+    from anyshape.config import Options
+    from anyshape.plugin import model_cache
+
+    model = torch.nn.Linear(4, 4).eval()
+    args = (torch.randn(2, 4),)
+    before = model_cache.fingerprint(model, args, {}, None, Options())
+    assert "ANYSHAPE_DNNL_MATMUL" in SOURCE_ENV
+    monkeypatch.setenv("ANYSHAPE_DNNL_MATMUL", "off")
+    assert model_cache.fingerprint(model, args, {}, None, Options()) != before
+
+
+def test_a_restored_model_reuses_its_kept_translation_unit(tmp_path, monkeypatch):
+    from anyshape.codegen.cpu import executable
+
+    first = anyshape.optimize(_bert(), _inputs(2, 8))
+    source = first.report.clusters[0].compiled.native.source
+
+    def no_emission(*a, **k):
+        raise AssertionError("the translation unit was emitted again on a cache hit")
+
+    monkeypatch.setattr(executable, "emit_translation_unit", no_emission)
+    model = _bert(seed=2)
+    opt = anyshape.optimize(model, _inputs(2, 8))
+    assert anyshape.stats()["model_cache_hits"] == 1
+    assert opt.report.clusters[0].compiled.native.source == source
+    _check(opt, model)

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from ..codegen.cpu.executable import CpuExecutable
+from ..codegen.cpu.host import HostProgram
 from ..config import Options
 from ..frontends.torch.lowering import LoweredCluster, tensor_to_numpy
 from ..ir.graph import Graph
@@ -50,13 +51,16 @@ class CompiledCluster:
         self._setup(run_pipeline(lowered.graph, options), options)
 
     @classmethod
-    def from_graph(cls, graph: Graph, options: Options) -> CompiledCluster:
-        """A unit for a graph the pass pipeline already ran on (the model cache's)."""
+    def from_graph(
+        cls, graph: Graph, options: Options, program: HostProgram | None = None
+    ) -> CompiledCluster:
+        """A unit for a graph the pass pipeline already ran on (the model cache's), with
+        the CPU backend's translation unit emitted for it before, if kept."""
         unit = cls.__new__(cls)
-        unit._setup(graph, options)
+        unit._setup(graph, options, program)
         return unit
 
-    def _setup(self, graph: Graph, options: Options) -> None:
+    def _setup(self, graph: Graph, options: Options, program: HostProgram | None = None) -> None:
         self.graph = graph
         specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in self.graph.inputs]
         self.binder = ShapeBinder(specs, self.graph.constraints, what=f"cluster @{self.graph.name}")
@@ -70,7 +74,9 @@ class CompiledCluster:
         self.backend = options.backend
         self.native = None
         if options.backend == "cpu":
-            self.native = CpuExecutable(self.graph, self.extra_symbols, torch.get_num_threads())
+            self.native = CpuExecutable(
+                self.graph, self.extra_symbols, torch.get_num_threads(), program
+            )
             self.native.set_profiling(options.profile)
         elif options.backend != "interpreter":
             raise ValueError(f"unknown backend {options.backend!r} (cpu or interpreter)")

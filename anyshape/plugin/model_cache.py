@@ -20,6 +20,7 @@ or defect drops the entry and compiles from scratch. ``model_cache=False`` (``AN
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import inspect
@@ -32,6 +33,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..codegen.cpu.build import VERSION, cache_dir
+from ..codegen.cpu.host import SOURCE_ENV, HostProgram
 from ..config import Options
 from ..ir.constraints import ConstraintStore, Guard
 from ..ir.dtypes import DType
@@ -44,7 +46,7 @@ from .compiled_cluster import CompiledCluster
 from .direct import DirectPlan
 from .weights_watch import resolve_tensor
 
-FORMAT = 1
+FORMAT = 2
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -97,6 +99,7 @@ def fingerprint(model, args: tuple, kwargs: dict, dynamic_shapes, options: Optio
             h.update(b"\0")
 
     add(FORMAT, VERSION, package_digest(), torch.__version__, sorted(vars(options).items()))
+    add([(k, os.environ.get(k)) for k in SOURCE_ENV])
     try:
         for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
             add(cls.__module__, cls.__qualname__, inspect.getsource(cls), _closure(cls))
@@ -157,6 +160,8 @@ def store(key: str, model, module) -> None:
         "aten_ops": report.clusters[0].aten_ops,
         "facts": report.facts,
         "constants": sorted(constants),
+        # The CPU translation unit: a restored model builds (or finds) it without emitting.
+        "program": dataclasses.asdict(cluster.native.program) if cluster.native else None,
     }
     path = _entry_path(key)
     try:
@@ -189,7 +194,9 @@ def restore(key: str, model, options: Options):
                 if value.shape != tuple(node.shape) or DType.from_numpy(value.dtype) != node.dtype:
                     return None  # the model changed in a way the key did not see
                 graph.params[name] = value
-        cluster = CompiledCluster.from_graph(graph, options)
+        kept = entry["program"] if options.backend == "cpu" else None
+        program = HostProgram(**kept) if kept else None
+        cluster = CompiledCluster.from_graph(graph, options, program)
         store_ = ConstraintStore()
         for sym, (lo, hi) in entry["ranges"].items():
             store_.add_symbol(sym, lo, hi)

@@ -15,12 +15,22 @@ from ...ir.graph import Graph
 from ...runtime.native import NativeGraph
 from ...stats import bump
 from .build import build_library
-from .host import emit_translation_unit
+from .host import HostProgram, emit_translation_unit
 
 
 class CpuExecutable:
-    def __init__(self, graph: Graph, extra_symbols: list[str], num_threads: int = 0):
-        program = emit_translation_unit(graph, extra_symbols)
+    def __init__(
+        self,
+        graph: Graph,
+        extra_symbols: list[str],
+        num_threads: int = 0,
+        program: HostProgram | None = None,
+    ):
+        """``program``: the translation unit emitted for this graph before (the model
+        cache keeps it), so a restored model skips emitting it again."""
+        if program is None:
+            program = emit_translation_unit(graph, extra_symbols)
+        self.program = program
         self.source = program.source
         path = build_library(program.source, graph.name)
         self.library = path  # in the build cache

@@ -66,6 +66,10 @@ def _cstr(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
 
 
+# Environment variables that change the emitted source (the model cache keys on them).
+SOURCE_ENV = ("ANYSHAPE_DNNL_CONV", "ANYSHAPE_DNNL_MATMUL")
+
+
 @dataclass
 class HostProgram:
     source: str
