@@ -75,3 +75,26 @@ def test_uncapturable_model_gives_actionable_error():
 
     with pytest.raises(anyshape.CaptureError, match="backend='anyshape'"):
         anyshape.optimize(DataDependent(), (torch.randn(2, 3),))
+
+
+def test_hooks_on_the_optimized_module_still_run():
+    """Calls skip nn.Module's call path only while no hook is registered."""
+    model = MixedOps().eval()
+    opt = anyshape.optimize(model, (torch.randn(3, 8), torch.randn(3, 8)))
+    x, y = torch.randn(2, 5), torch.randn(2, 5)
+    seen = []
+    pre = opt.register_forward_pre_hook(lambda m, args: seen.append("pre"))
+    post = opt.register_forward_hook(lambda m, args, out: seen.append(len(out)))
+    opt(x, y)
+    assert seen == ["pre", 3]
+    pre.remove(), post.remove()
+    opt(x, y)
+    assert seen == ["pre", 3]
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, args, out: seen.append("global")
+    )
+    try:
+        opt(x, y)
+    finally:
+        handle.remove()
+    assert seen == ["pre", 3, "global"]
