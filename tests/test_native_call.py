@@ -137,3 +137,24 @@ def test_outputs_outlive_later_calls_and_free_their_memory():
     for _ in range(100):
         opt(torch.randn(2, 16), torch.randn(2, 16))
     torch.testing.assert_close(first, kept)
+
+
+def test_large_outputs_reuse_freed_blocks_but_never_one_still_held():
+    """Freed outputs of 1 MB and more are kept for later calls; a block handed out again
+    is never one the caller still holds, whatever the mix of sizes."""
+    model = torch.nn.Linear(64, 512).eval()
+    opt = _compiled(model, torch.randn(3, 64))
+    held, expected = [], []
+    with torch.no_grad():
+        for k in range(40):
+            x = torch.randn(600 + 97 * (k % 7), 64)  # 1.2-2.4 MB outputs
+            out = opt(x)
+            if k % 3 == 0:
+                held.append(out)
+                expected.append(out.clone())
+            torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+            del out
+            if len(held) > 4:
+                held.pop(0), expected.pop(0)
+            for h, e in zip(held, expected):
+                assert torch.equal(h, e)

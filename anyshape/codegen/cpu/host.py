@@ -178,9 +178,9 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
             body.append(f"void* b{b} = ws + ws_offset[{k}];")
         else:
             size = c_int(SymExpr.const(0) + n.type.numel)
-            body.append(f"void* b{b} = as_alloc({size} * {n.dtype.itemsize});")
+            body.append(f"void* b{b} = as_out_alloc({size} * {n.dtype.itemsize});")
             owned.append(b)
-    free_all = " ".join(f"free(b{b});" for b in owned)
+    free_all = " ".join(f"anyshape_free(b{b});" for b in owned)
     if owned:
         checks = " || ".join(f"!b{b}" for b in owned)
         body.append(
