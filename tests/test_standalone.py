@@ -363,3 +363,33 @@ def test_each_loaded_artifact_runs_its_own_library(small, tmp_path):
         np.testing.assert_allclose(loaded(x, mask)[0], model(x, mask)[0].detach().numpy(), **TOL)
         del loaded
         gc.collect()
+
+
+class PassThrough(torch.nn.Module):
+    """Outputs the C runtime must copy: an input, and one buffer returned twice."""
+
+    def forward(self, x):
+        y = x * 2
+        return x, y, y
+
+
+def test_c_runtime_copies_outputs_with_the_librarys_allocator(run_artifact, tmp_path):
+    """Copies come from the library's ``anyshape_alloc``, so its ``anyshape_free`` (which
+    keeps large blocks, each behind a header) takes every output back."""
+    path = anyshape.export(PassThrough(), (torch.randn(3, 5),)).save(tmp_path / "m.anyshape")
+    dirs = []
+    for k, rows in enumerate([3, 70000, 2, 70000]):  # 70000 x 5 f32: blocks over 1 MB
+        x = np.random.default_rng(k).standard_normal((rows, 5)).astype(np.float32)
+        d = tmp_path / f"case{k}"
+        d.mkdir()
+        x.tofile(d / "input0.bin")
+        (d / "input0.shape").write_text(f"{rows} 5")
+        dirs.append((d, x))
+    proc = subprocess.run(
+        [str(run_artifact), str(path), *(str(d) for d, _ in dirs)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    for d, x in dirs:
+        for j, want in enumerate([x, x * 2, x * 2]):
+            got = np.fromfile(d / f"output{j}.bin", dtype=np.float32).reshape(x.shape)
+            np.testing.assert_array_equal(got, want)

@@ -59,7 +59,21 @@ struct AsTensor { void* data; int64_t ndim; int64_t shape[8]; int64_t dtype; };
 
 static int threads = -1;
 extern "C" void anyshape_init(int num_threads) { threads = num_threads; }
-#ifndef NO_FREE
+#ifdef HEADER_ALLOC
+// As generated libraries do: blocks carry a 64-byte header, so free() cannot take them back
+// and the runtime must copy outputs with anyshape_alloc.
+extern "C" void* anyshape_alloc(int64_t bytes) {
+  char* p = (char*)malloc((size_t)bytes + 64);
+  return p ? p + 64 : nullptr;
+}
+extern "C" void anyshape_free(void* p) { if (p) free((char*)p - 64); }
+#define AS_MALLOC(n) anyshape_alloc((int64_t)(n))
+#define AS_FREE(p) anyshape_free(p)
+#else
+#define AS_MALLOC(n) malloc(n)
+#define AS_FREE(p) free(p)
+#endif
+#if !defined(NO_FREE) && !defined(HEADER_ALLOC)
 extern "C" void anyshape_free(void* p) { free(p); }
 #endif
 
@@ -85,14 +99,14 @@ extern "C" int anyshape_main(const AsTensor* in, const AsTensor* prm, AsTensor* 
   const float* x = (const float*)in[0].data;
   const float* w = (const float*)prm[0].data;
   const float scale = (float)*(const int64_t*)prm[1].data;
-  float* y = (float*)malloc(rows * cols * sizeof(float) + 1);
-  float* top = (float*)malloc(rows * sizeof(float) + 1);
-  void* unused = malloc(16);
+  float* y = (float*)AS_MALLOC(rows * cols * sizeof(float) + 1);
+  float* top = (float*)AS_MALLOC(rows * sizeof(float) + 1);
+  void* unused = AS_MALLOC(16);
   for (int64_t i = 0; i < rows * cols; ++i) {
     if (isnan(x[i])) {
-      free(y);
-      free(top);
-      free(unused);
+      AS_FREE(y);
+      AS_FREE(top);
+      AS_FREE(unused);
       snprintf(err, errlen, "NaN in x at element %lld", (long long)i);
       return 2;
     }
@@ -333,6 +347,7 @@ def built(tmp_path_factory) -> SimpleNamespace:
     jobs = {
         "lib.so": lib,
         "lib_nofree.so": [*lib, "-DNO_FREE"],
+        "lib_header.so": [*lib, "-DHEADER_ALLOC"],
         "lib_plus1.so": [*lib, "-DOFFSET=1"],
         "run_artifact": [*c99, "-O2", EXAMPLE],
         # the driver as C99 under AddressSanitizer, as C++, and as C99 without memfd
@@ -359,6 +374,7 @@ def built(tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(
         library=library,
         nofree=(d / "lib_nofree.so").read_bytes(),
+        header=(d / "lib_header.so").read_bytes(),
         plus1=(d / "lib_plus1.so").read_bytes(),
         model=write_model(d / "model.anyshape", library),
         **{name: d / name for name in jobs if not name.endswith(".so")},
@@ -435,6 +451,14 @@ def test_copied_outputs_are_separate_buffers(built):
     # x_copy (input:0) and y_again (a second output of slot 0) must not alias what they copy,
     # or releasing every output would free one buffer twice (ASan would report it)
     r = drive(built, built.model)
+    assert (r.returncode, r.stdout) == (0, "ok y[3, 4] f32, copies separate separate scalar\n")
+
+
+def test_copies_come_from_the_librarys_allocator(built, tmp_path):
+    """A library whose blocks carry a header exports anyshape_alloc; the runtime's copies
+    come from it, so releasing every output frees each block right (ASan watches)."""
+    model = write_model(tmp_path / "header.anyshape", built.header)
+    r = drive(built, model)
     assert (r.returncode, r.stdout) == (0, "ok y[3, 4] f32, copies separate separate scalar\n")
 
 

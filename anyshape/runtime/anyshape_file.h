@@ -44,6 +44,7 @@ typedef void (*anyshape__init_fn)(int);
 typedef int (*anyshape__main_fn)(const anyshape_tensor*, const anyshape_tensor*, anyshape_tensor*,
                                  const int64_t*, char*, int64_t);
 typedef void (*anyshape__free_fn)(void*);
+typedef void* (*anyshape__alloc_fn)(int64_t);
 
 enum { ANYSHAPE__SLOT, ANYSHAPE__INPUT, ANYSHAPE__PARAM };
 
@@ -77,6 +78,7 @@ struct anyshape_model {
   void* lib;
   anyshape__main_fn main_fn;
   anyshape__free_fn free_fn;
+  anyshape__alloc_fn alloc_fn; /* the library's output allocator; NULL: its free is free() */
 };
 
 static const char* const anyshape__dtype_names[] = {"b8",  "i8",   "u8",  "i16", "i32",

@@ -76,6 +76,13 @@ static int anyshape__load_library(anyshape_model* m, const char* path, char* err
   memcpy(&init, &syms[0], sizeof init);
   memcpy(&m->main_fn, &syms[1], sizeof m->main_fn);
   memcpy(&m->free_fn, &syms[2], sizeof m->free_fn);
+  {
+    /* Libraries that keep freed output blocks export their allocator: copies of outputs
+     * come from it, so anyshape_free takes them back. Older ones free with free(). */
+    void* alloc = dlsym(m->lib, "anyshape_alloc");
+    m->alloc_fn = NULL;
+    if (alloc) memcpy(&m->alloc_fn, &alloc, sizeof m->alloc_fn);
+  }
   m->prm = (anyshape_tensor*)calloc((size_t)(m->num_params ? m->num_params : 1),
                                     sizeof(anyshape_tensor));
   if (!m->prm) return anyshape__fail(0, err, errlen, "out of memory loading %s", path);
@@ -255,7 +262,7 @@ static int anyshape__fill_outputs(const anyshape_model* m, const anyshape_tensor
     outputs[k].dtype = r->dtype; /* the library leaves it unset */
     if (r->owns_slot) continue;
     bytes = anyshape__numel(from) * anyshape__dtype_sizes[r->dtype];
-    outputs[k].data = malloc(bytes ? bytes : 1); /* anyshape_free is free() */
+    outputs[k].data = m->alloc_fn ? m->alloc_fn((int64_t)bytes) : malloc(bytes ? bytes : 1);
     if (!outputs[k].data) {
       code = anyshape__fail(2, err, errlen, "out of memory copying output '%s' (%zu bytes)",
                             r->name, bytes);
@@ -267,7 +274,7 @@ static int anyshape__fill_outputs(const anyshape_model* m, const anyshape_tensor
   for (int s = 0; s < m->num_slots; ++s)
     if ((code || m->slot_owner[s] < 0) && slots[s].data) m->free_fn(slots[s].data);
   for (int j = 0; code && j < k; ++j) {
-    if (!m->outputs[j].owns_slot) free(outputs[j].data);
+    if (!m->outputs[j].owns_slot) m->alloc_fn ? m->free_fn(outputs[j].data) : free(outputs[j].data);
     outputs[j].data = NULL;
   }
   return code;

@@ -236,8 +236,8 @@ extern "C" void anyshape_init(int num_threads) {
 // large blocks from fresh mmap pages, so every call would fault in and zero its outputs
 // anew (GPT-2's logits at 4x128 tokens, 103 MB). Freed blocks of AS_OUT_MIN bytes and more
 // are kept instead (AS_OUT_KEEP blocks, AS_OUT_KEEP_BYTES in all; the smallest goes first)
-// and an output takes the smallest kept block it fits in. Each block starts with a
-// 64-byte header holding its size.
+// and an output takes the smallest kept block it fits in that is at most twice its size.
+// Each block starts with a 64-byte header holding its size.
 #define AS_OUT_MIN (INT64_C(1) << 20)
 #define AS_OUT_KEEP 8
 #define AS_OUT_KEEP_BYTES (INT64_C(1) << 30)
@@ -254,7 +254,7 @@ static void* as_out_alloc(int64_t bytes) {
     pthread_mutex_lock(&as_out_mu);
     int best = -1;
     for (int k = 0; k < as_out_nkept; ++k)
-      if (as_out_size(as_out_kept[k]) >= n &&
+      if (as_out_size(as_out_kept[k]) >= n && as_out_size(as_out_kept[k]) <= 2 * n &&
           (best < 0 || as_out_size(as_out_kept[k]) < as_out_size(as_out_kept[best])))
         best = k;
     char* hit = best >= 0 ? as_out_kept[best] : nullptr;
@@ -270,6 +270,10 @@ static void* as_out_alloc(int64_t bytes) {
   *(int64_t*)base = n;
   return base + 64;
 }
+
+// The same allocator for runtimes that copy an output (one that is an input or a weight):
+// anyshape_free takes every output back.
+extern "C" void* anyshape_alloc(int64_t bytes) { return as_out_alloc(bytes); }
 
 extern "C" void anyshape_free(void* p) {
   if (!p) return;
