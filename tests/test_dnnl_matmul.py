@@ -9,6 +9,7 @@ call one model from several threads at once.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import pytest
@@ -26,6 +27,13 @@ SITE = "as_dnnl_matmul(&dnnl_site"
 def _source(opt) -> str:
     (cluster,) = opt.report.clusters
     return cluster.compiled.native.source
+
+
+def _runs(opt) -> int:
+    """GEMMs oneDNN has run in ``opt``'s library (shared by every model it serves)."""
+    fn = opt.report.clusters[0].compiled.native.native.lib.anyshape_dnnl_matmul_runs
+    fn.restype = ctypes.c_int64
+    return fn()
 
 
 class Mlp(torch.nn.Module):
@@ -51,11 +59,14 @@ def test_every_row_count_through_one_primitive_per_site():
     opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
     assert _source(opt).count(SITE) == 3
     compilations = anyshape.stats()["compilations"]
+    shapes = [(1, 1), (2, 5), (1, 7), (3, 64), (8, 129), (4, 300), (1, 1), (2, 5)]
+    before = _runs(opt)
     with torch.no_grad():
-        for b, s in [(1, 1), (2, 5), (1, 7), (3, 64), (8, 129), (4, 300), (1, 1), (2, 5)]:
+        for b, s in shapes:
             x = torch.randn(b, s, 37)
             _close(opt(x), model(x))
     assert anyshape.stats()["compilations"] == compilations
+    assert _runs(opt) - before == 3 * len(shapes)  # every GEMM of every call
 
 
 def test_weights_changed_in_place_are_seen():
@@ -102,7 +113,10 @@ def test_unwatched_weights_take_blas():
     exe = CpuExecutable(Graph(g.inputs, g.outputs, copies, g.constraints, g.name), [])
     x = torch.randn(2, 7, 37)
     with torch.no_grad():
+        before = _runs(opt)
         _close(torch.from_numpy(exe([x.numpy()], [])[0]), model(x))
+        # the nn.Linear weights need packing: BLAS; ``x @ w`` reads w in place: oneDNN
+        assert _runs(opt) - before == 1
         copies["up.weight"] *= -0.5
         model.up.weight.mul_(-0.5)
         _close(torch.from_numpy(exe([x.numpy()], [])[0]), model(x))
@@ -124,6 +138,9 @@ def test_gemms_of_two_activations_and_other_dtypes_take_blas():
     a, b, d = torch.randn(5, 16), torch.randn(16, 9), torch.randn(4, 16, dtype=torch.float64)
     opt = anyshape.optimize(model, (q, k, a, b, d), backend="cpu")
     assert SITE not in _source(opt)
+    assert not hasattr(
+        opt.report.clusters[0].compiled.native.native.lib, "anyshape_dnnl_matmul_runs"
+    )
     with torch.no_grad():
         for got, want in zip(opt(q, k, a, b, d), model(q, k, a, b, d)):
             _close(got, want)
@@ -162,3 +179,26 @@ def test_one_model_called_from_several_threads_at_different_row_counts():
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_constant_weight_does_not_switch_the_watch_off():
+    """A packed weight the model does not name (a tensor captured as a constant) is left
+    out of the watch; the model's own weights stay packed and watched."""
+    constant = torch.randn(41, 17)
+
+    class WithConstant(Mlp):
+        def forward(self, x):
+            return super().forward(x) @ constant
+
+    torch.manual_seed(6)
+    model = WithConstant().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    assert opt._weights_watch is not None
+    assert len(opt.report.clusters[0].compiled.native.packed_params) == 4
+    x = torch.randn(3, 4, 37)
+    with torch.no_grad():
+        before = _runs(opt)
+        _close(opt(x), model(x))
+        assert _runs(opt) - before == 4
+        model.up.weight.mul_(0.25)
+        _close(opt(x), model(x))

@@ -98,3 +98,23 @@ def test_hooks_on_the_optimized_module_still_run():
     finally:
         handle.remove()
     assert seen == ["pre", 3, "global"]
+
+
+def test_fx_tracing_sees_the_optimized_module_as_a_call():
+    """torch.fx patches nn.Module.__call__ while tracing; the fast call path steps aside."""
+    opt = anyshape.optimize(MixedOps().eval(), (torch.randn(3, 8), torch.randn(3, 8)))
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = opt
+
+        def forward(self, x, y):
+            return self.inner(x, y)[0] + 1
+
+    class LeafTracer(torch.fx.Tracer):
+        def is_leaf_module(self, m, name):
+            return m is opt or super().is_leaf_module(m, name)
+
+    graph = LeafTracer().trace(Outer())
+    assert [n.target for n in graph.nodes if n.op == "call_module"] == ["inner"]

@@ -43,7 +43,8 @@ class WeightsWatch:
     @classmethod
     def attach(cls, model: torch.nn.Module, clusters) -> WeightsWatch | None:
         """A watch over every packed weight of ``clusters``' libraries that ``model`` names,
-        or ``None`` when no library packs weights (or one names a weight the model lacks)."""
+        or ``None`` when no library packs weights. A packed weight the model does not name
+        is a constant the compiled graph holds (a lifted tensor): it never changes."""
         tensors: dict[int, torch.Tensor] = {}
         libraries = []
         for cluster in clusters:
@@ -53,9 +54,8 @@ class WeightsWatch:
                 continue
             for name in names:
                 t = resolve_tensor(model, name)
-                if t is None:
-                    return None
-                tensors[id(t)] = t
+                if t is not None:
+                    tensors[id(t)] = t
             libraries.append(native)
         return cls(list(tensors.values()), libraries) if libraries else None
 

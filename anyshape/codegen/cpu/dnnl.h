@@ -158,17 +158,27 @@ static void as_cache_list(AsWeightsCache* c) {
   pthread_mutex_unlock(&as_watch_mu);
 }
 
-// The owner of these weights is gone: forget them and free their packed copies.
+// The owner of these weights is gone: forget them and free their packed copies, unless
+// another owner (a second compiled model over the same weights, served by this library)
+// still watches them and may be running with those copies.
 extern "C" void anyshape_unwatch_weights(const void* const* weights, int64_t n) {
+  const void** gone_list = (const void**)malloc(sizeof(void*) * (n > 0 ? n : 1));
+  int64_t ngone = 0;
   pthread_mutex_lock(&as_watch_mu);
-  for (int64_t k = 0; k < n; ++k)
+  for (int64_t k = 0; k < n; ++k) {
+    bool still = false;
     for (int64_t j = 0; j < as_nwatched; ++j)
       if (as_watched[j] == weights[k]) {
         as_watched[j] = as_watched[--as_nwatched];
         break;
       }
+    for (int64_t j = 0; j < as_nwatched && !still; ++j) still = as_watched[j] == weights[k];
+    if (!still && gone_list) gone_list[ngone++] = weights[k];
+  }
   AsWeightsCache* sites = as_sites;  // only ever grows at the head
   pthread_mutex_unlock(&as_watch_mu);
+  weights = gone_list;  // without memory to list them, the copies stay (they are only stale)
+  n = ngone;
   for (AsWeightsCache* s = sites; s; s = s->next) {
     pthread_mutex_lock(&s->mu);
     for (int64_t j = 0; j < s->npacked;) {
@@ -184,6 +194,7 @@ extern "C" void anyshape_unwatch_weights(const void* const* weights, int64_t n) 
     }
     pthread_mutex_unlock(&s->mu);
   }
+  free(gone_list);
   __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
 }
 

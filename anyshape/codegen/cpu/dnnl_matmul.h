@@ -23,6 +23,12 @@ struct AsMatmulSite {
 
 #define AS_DNNL_RUNTIME_DIM INT64_MIN
 
+// GEMMs oneDNN ran, for tests and diagnostics (BLAS runs the others).
+static int64_t as_dnnl_matmul_runs = 0;
+extern "C" int64_t anyshape_dnnl_matmul_runs() {
+  return __atomic_load_n(&as_dnnl_matmul_runs, __ATOMIC_RELAXED);
+}
+
 // Row-major [m, cols] with m left to run time (AS_DNNL_RUNTIME_DIM) or given.
 static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols) {
   dnnl_dims_t dims = {m, cols}, strides = {cols, 1};
@@ -87,5 +93,6 @@ static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, floa
   }
   if (src) dnnl_memory_desc_destroy(src);
   if (dst) dnnl_memory_desc_destroy(dst);
+  if (ok) __atomic_add_fetch(&as_dnnl_matmul_runs, 1, __ATOMIC_RELAXED);
   return ok;
 }
