@@ -202,3 +202,10 @@ def test_a_constant_weight_does_not_switch_the_watch_off():
         assert _runs(opt) - before == 4
         model.up.weight.mul_(0.25)
         _close(opt(x), model(x))
+
+
+def test_explain_names_the_gemms_onednn_runs():
+    opt = anyshape.optimize(Mlp().eval(), (torch.randn(2, 5, 37),), backend="cpu")
+    text = str(opt.explain())
+    for name in ("up.weight", "down.weight", "w"):
+        assert f"[oneDNN matmul, weight {name}]" in text

@@ -15,7 +15,7 @@ each distinct kernel once, and ``anyshape_main``, which
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 
 from ...ir.graph import Graph, Node
@@ -79,6 +79,8 @@ class HostProgram:
     kernel_labels: list[str]  # what each profiled call site runs, in call order
     kernel_descriptions: list[str]  # kind, root and fused ops of each call site (explain)
     packed_params: list[str]  # weights the library may keep packed copies of (oneDNN)
+    # per kernel: what oneDNN runs when the build links it, else "" (explain)
+    dnnl_routes: list[str] = field(default_factory=list)
 
 
 def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
@@ -112,9 +114,18 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     ]
     weights = [r.inputs[1] for r in convs] + [dnnl_matmul_weight(sched, r) for r in matmuls]
     packed = sorted({w.attr("name") for w in weights})
+    routes = [_dnnl_route(sched, k.root) for k in kernels]
     return HostProgram(
-        "\n".join(lines) + "\n", slots, extra_symbols, params, labels, described, packed
+        "\n".join(lines) + "\n", slots, extra_symbols, params, labels, described, packed, routes
     )
+
+
+def _dnnl_route(sched, root: Node) -> str:
+    """What oneDNN runs for this kernel when the build links it ("" for nothing)."""
+    if uses_dnnl_conv(root):
+        return f"oneDNN convolution, weight {root.inputs[1].attr('name')}"
+    w = dnnl_matmul_weight(sched, root)
+    return f"oneDNN matmul, weight {w.attr('name')}" if w is not None else ""
 
 
 def kernel_label(root: Node, outputs: int = 1) -> str:
