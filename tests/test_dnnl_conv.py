@@ -8,10 +8,9 @@ several threads at once.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import torch
+from concurrency import mismatches_from_threads
 
 import anyshape
 from anyshape.codegen.cpu.executable import CpuExecutable
@@ -158,19 +157,4 @@ def test_one_model_called_from_several_threads_at_different_sizes():
     inputs = [torch.randn(1 + k % 2, 8, 5 + k, 6 + 2 * k) for k in range(6)]
     with torch.no_grad():
         expected = [model(x) for x in inputs]
-    errors: list[str] = []
-
-    def worker(offset: int) -> None:
-        with torch.no_grad():
-            for it in range(12):
-                k = (offset + it) % len(inputs)
-                got = opt(inputs[k])
-                if not torch.allclose(got, expected[k], rtol=1e-4, atol=1e-4):
-                    errors.append(f"thread {offset}, input {k}")
-
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert mismatches_from_threads(opt, inputs, expected) == []

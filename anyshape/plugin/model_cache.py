@@ -12,10 +12,13 @@ weight values need no new entry.
 The key fingerprints what decides the captured graph without running it: the
 source of every module class in the model, every module's plain attributes
 (and a transformers config), parameter and buffer names, shapes and dtypes, the
-example inputs' structure, shapes and dtypes, the options, the torch and
-anyshape versions, and a hash of anyshape's own source. A restored model is
-checked against eager on the example before it is returned; any disagreement
-or defect drops the entry and compiles from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns it off.
+example inputs' structure, shapes and dtypes, the options (and the environment
+variables that steer code emission), the torch and anyshape versions, and a
+hash of anyshape's own source. An entry keeps the emitted CPU translation unit,
+so a restore skips emission. A restored model is checked against eager on the
+example before it is returned; any disagreement or defect drops the entry and
+compiles from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns
+it off.
 """
 
 from __future__ import annotations

@@ -50,12 +50,11 @@ class CpuExecutable:
         )
         self.output_slots = program.output_slots
         self.kernel_labels = program.kernel_labels
-        self.kernel_descriptions = program.kernel_descriptions
-        if self.native.packs_weights:  # the build links oneDNN: say which kernels it runs
-            self.kernel_descriptions = [
-                d + (f" [{route}]" if route else "")
-                for d, route in zip(program.kernel_descriptions, program.dnnl_routes)
-            ]
+        linked = self.native.packs_weights  # the build links oneDNN: say which kernels it runs
+        self.kernel_descriptions = [
+            d + (f" [{route}]" if route and linked else "")
+            for d, route in zip(program.kernel_descriptions, program.dnnl_routes)
+        ]
         self.param_names = program.param_names
         self.packed_params = program.packed_params if self.native.packs_weights else []
 

@@ -28,9 +28,9 @@ def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:
 def dnnl_matmul_weight(sched: Schedule, root: Node) -> Node | None:
     """The model weight a float32 2-D dot multiplies by, when oneDNN's matmul may run it
     with that weight packed (``ANYSHAPE_DNNL_MATMUL=off`` keeps BLAS)."""
-    if os.environ.get("ANYSHAPE_DNNL_MATMUL", "on").lower() == "off":
-        return None
     if root.op != "dot" or root.dtype != DType.f32 or root.rank != 2:
+        return None
+    if os.environ.get("ANYSHAPE_DNNL_MATMUL", "on").lower() == "off":
         return None
     (_, ta), (w, _) = _operand(sched, root.inputs[0]), _operand(sched, root.inputs[1])
     static = all(isinstance(d, int) and d > 0 for d in w.shape)

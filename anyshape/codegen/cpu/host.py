@@ -15,7 +15,7 @@ each distinct kernel once, and ``anyshape_main``, which
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 
 from ...ir.graph import Graph, Node
@@ -79,8 +79,7 @@ class HostProgram:
     kernel_labels: list[str]  # what each profiled call site runs, in call order
     kernel_descriptions: list[str]  # kind, root and fused ops of each call site (explain)
     packed_params: list[str]  # weights the library may keep packed copies of (oneDNN)
-    # per kernel: what oneDNN runs when the build links it, else "" (explain)
-    dnnl_routes: list[str] = field(default_factory=list)
+    dnnl_routes: list[str]  # per kernel: what oneDNN runs when linked, else "" (explain)
 
 
 def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
@@ -92,10 +91,9 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])
     here = resources.files(__package__)
     lines = [here.joinpath("prelude.h").read_text(), here.joinpath("vmath.h").read_text(), ""]
-    convs = [r for r in sched.kernels if uses_dnnl_conv(r)]
-    matmuls = [r for r in sched.kernels if dnnl_matmul_weight(sched, r) is not None]
-    headers = ["dnnl.h"] * bool(convs or matmuls)
-    headers += ["dnnl_conv.h"] * bool(convs) + ["dnnl_matmul.h"] * bool(matmuls)
+    dnnl = [_dnnl_use(sched, r) for r in sched.kernels]  # (header, weight) or None
+    used = {use[0] for use in dnnl if use}
+    headers = ["dnnl.h", *sorted(used)] if used else []
     if headers:
         texts = [here.joinpath(h).read_text() for h in headers]
         lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", *texts, "#endif"]
@@ -112,20 +110,22 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         + (f" [variants: {' | '.join(k.variants)}]" if k.variants else "")
         for k in kernels
     ]
-    weights = [r.inputs[1] for r in convs] + [dnnl_matmul_weight(sched, r) for r in matmuls]
-    packed = sorted({w.attr("name") for w in weights})
-    routes = [_dnnl_route(sched, k.root) for k in kernels]
+    packed = sorted({use[1].attr("name") for use in dnnl if use})
+    routes = [f"{_DNNL_ROUTE[use[0]]}, weight {use[1].attr('name')}" if use else "" for use in dnnl]
     return HostProgram(
         "\n".join(lines) + "\n", slots, extra_symbols, params, labels, described, packed, routes
     )
 
 
-def _dnnl_route(sched, root: Node) -> str:
-    """What oneDNN runs for this kernel when the build links it ("" for nothing)."""
+_DNNL_ROUTE = {"dnnl_conv.h": "oneDNN convolution", "dnnl_matmul.h": "oneDNN matmul"}
+
+
+def _dnnl_use(sched, root: Node) -> tuple[str, Node] | None:
+    """The oneDNN runtime header a kernel calls into and the weight it packs, if any."""
     if uses_dnnl_conv(root):
-        return f"oneDNN convolution, weight {root.inputs[1].attr('name')}"
+        return "dnnl_conv.h", root.inputs[1]
     w = dnnl_matmul_weight(sched, root)
-    return f"oneDNN matmul, weight {w.attr('name')}" if w is not None else ""
+    return ("dnnl_matmul.h", w) if w is not None else None
 
 
 def kernel_label(root: Node, outputs: int = 1) -> str:

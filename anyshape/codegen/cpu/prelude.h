@@ -286,21 +286,16 @@ extern "C" void anyshape_free(void* p) {
   char* dropped[AS_OUT_KEEP + 1];
   int ndropped = 0;
   pthread_mutex_lock(&as_out_mu);
-  if (as_out_nkept == AS_OUT_KEEP || as_out_kept_bytes + n > AS_OUT_KEEP_BYTES) {
-    // Room for the new block: the smallest kept ones go (or the new one, if smallest).
-    as_out_kept[as_out_nkept++] = base;  // one spare entry: the array is AS_OUT_KEEP + 1
-    as_out_kept_bytes += n;
-    while (as_out_nkept > AS_OUT_KEEP || as_out_kept_bytes > AS_OUT_KEEP_BYTES) {
-      int small = 0;
-      for (int k = 1; k < as_out_nkept; ++k)
-        if (as_out_size(as_out_kept[k]) < as_out_size(as_out_kept[small])) small = k;
-      dropped[ndropped++] = as_out_kept[small];
-      as_out_kept_bytes -= as_out_size(as_out_kept[small]);
-      as_out_kept[small] = as_out_kept[--as_out_nkept];
-    }
-  } else {
-    as_out_kept[as_out_nkept++] = base;
-    as_out_kept_bytes += n;
+  as_out_kept[as_out_nkept++] = base;  // one spare entry: the array is AS_OUT_KEEP + 1
+  as_out_kept_bytes += n;
+  while (as_out_nkept > AS_OUT_KEEP || as_out_kept_bytes > AS_OUT_KEEP_BYTES) {
+    // Over the limits: the smallest kept block goes (the new one, if it is the smallest).
+    int small = 0;
+    for (int k = 1; k < as_out_nkept; ++k)
+      if (as_out_size(as_out_kept[k]) < as_out_size(as_out_kept[small])) small = k;
+    dropped[ndropped++] = as_out_kept[small];
+    as_out_kept_bytes -= as_out_size(as_out_kept[small]);
+    as_out_kept[small] = as_out_kept[--as_out_nkept];
   }
   pthread_mutex_unlock(&as_out_mu);
   for (int k = 0; k < ndropped; ++k) free(dropped[k]);
