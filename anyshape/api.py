@@ -38,6 +38,24 @@ def _split_inputs(example_inputs) -> tuple[tuple, dict]:
     return tuple(example_inputs), {}
 
 
+def _install_module_call() -> None:
+    """``OptimizedModule.__call__`` in C (``runtime/modulecall.c``), once per process:
+    a call without hooks or tracing then runs no Python frame (x + 1 on 16 elements:
+    2.9 -> 2.1 us). The Python ``__call__`` stays as its general path."""
+    if "_general_call" in OptimizedModule.__dict__:
+        return
+    from .runtime.fastcall import fastcall
+
+    module = fastcall()
+    if module is None:
+        return
+    general = OptimizedModule.__call__
+    OptimizedModule._general_call = general
+    OptimizedModule.__call__ = module.ModuleCall(
+        general, vars(_nn_module), torch.nn.Module, _MODULE_CALL, torch._C._get_tracing_state
+    )
+
+
 class OptimizedModule(torch.nn.Module):
     """A model compiled by anyshape: call it with any shapes of the example's ranks and dtypes."""
 
@@ -54,6 +72,8 @@ class OptimizedModule(torch.nn.Module):
         self._direct = plan_direct(graph_module)
         self._native_call = native_call(self._direct, self._flat_inputs) if self._direct else None
         self._weights_watch = None
+        if self._native_call is not None:
+            _install_module_call()
 
     def watch_weights_of(self, model) -> None:
         """Keep packed weights (oneDNN convolutions) in step with ``model``'s in-place changes."""
@@ -75,12 +95,16 @@ class OptimizedModule(torch.nn.Module):
         module._direct = direct
         module._native_call = native_call(direct, module._flat_inputs)
         module._weights_watch = None
+        if module._native_call is not None:
+            _install_module_call()
         return module
 
     def __call__(self, *args, **kwargs):
         """``forward`` directly unless a hook, tracing (TorchScript, or torch.fx, which
         patches ``nn.Module.__call__``) or ``Module.compile`` needs ``nn.Module``'s own
-        call path, which costs about 1 us: a third of a small model's whole call."""
+        call path, which costs about 1 us: a third of a small model's whole call.
+        Once the fast-call extension loads, ``runtime/modulecall.c`` takes these same
+        decisions in C and calls this only when the answer is not its native call."""
         if (
             self._forward_hooks
             or self._forward_pre_hooks

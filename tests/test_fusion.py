@@ -178,6 +178,52 @@ def test_a_broadcast_used_by_every_layer_is_stored_at_its_source_size():
         )
 
 
+class LayerNormGelu(torch.nn.Module):
+    def __init__(self, n=24):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(n)
+
+    def forward(self, x):
+        return torch.nn.functional.gelu(self.norm(x))
+
+
+def test_row_buffer_only_for_values_a_later_loop_reads():
+    """LayerNorm's output feeds GELU twice but only in the loop that computes it: no row
+    buffer. Softmax's exp is read again by the normalizing loop: buffered."""
+    model = LayerNormGelu().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 24),))
+    assert len(_kernels(opt)) == 1, _kernels(opt)
+    (cluster,) = opt.report.clusters
+    assert "as_scratch" not in cluster.compiled.native.source.split("anyshape_init")[1]
+    for shape in SHAPES:
+        x = torch.randn(*shape, 24)
+        torch.testing.assert_close(opt(x), model(x), **TOL)
+    (cluster,) = anyshape.optimize(Softmax(), (torch.randn(3, 24),)).report.clusters
+    assert "rb[0 * " in cluster.compiled.native.source
+
+
+def test_kernels_with_float_sums_reassociate_and_stay_close_to_eager():
+    """A kernel with a float sum reduction is compiled with associative math, so the
+    lanes of each row's sum fold as a tree (GCC folds an ``omp simd`` sum's 16 lanes one
+    by one otherwise); elementwise kernels keep strict IEEE order."""
+
+    class SoftmaxAndExp(torch.nn.Module):
+        def forward(self, x):
+            return torch.softmax(x, -1), torch.exp(x)
+
+    model = SoftmaxAndExp().eval()
+    opt = anyshape.optimize(model, (torch.randn(3, 16),))
+    (cluster,) = opt.report.clusters
+    source = cluster.compiled.native.source
+    kernels = [k for k in source.split("\nstatic int ")[1:] if k.lstrip().startswith(("k_", "__"))]
+    with_sums = [k for k in kernels if "reduction(+:" in k]
+    assert with_sums and all(k.startswith("__attribute__((optimize(") for k in with_sums)
+    assert any(not k.startswith("__attribute__") for k in kernels)
+    x = torch.randn(37, 129) * 4
+    for got, want in zip(opt(x), model(x)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+
+
 def test_parallel_threshold_weighs_transcendentals():
     """A kernel goes parallel on elements x cost (kernels.element_cost): softmax's exp
     counts 8, so [8, 768] (6144 elements) uses both cores while an add of that size stays

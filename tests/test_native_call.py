@@ -45,6 +45,47 @@ def test_whole_model_cluster_takes_the_native_call_and_matches_eager():
         assert isinstance(opt._native_call(x, r), torch.Tensor)
 
 
+def test_module_call_in_c_steps_aside_whenever_the_module_path_is_needed():
+    """``OptimizedModule.__call__`` is C (runtime/modulecall.c): it runs the native call
+    without a Python frame, and takes the Python path (which calls ``forward``) for
+    hooks, global hooks, a patched ``nn.Module.__call__`` and inputs the prologue refuses."""
+    model = AddNorm().eval()
+    opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
+    assert type(type(opt).__dict__["__call__"]).__name__ == "ModuleCall"
+    python_path = []
+    forward = opt.forward
+    opt.forward = lambda *a, **k: python_path.append(1) or forward(*a, **k)
+    x, r = torch.randn(5, 16), torch.randn(5, 16)
+    torch.testing.assert_close(opt(x, r), model(x, r))
+    assert python_path == []
+    seen = []
+    hook = opt.register_forward_hook(lambda m, args, out: seen.append("hook"))
+    torch.testing.assert_close(opt(x, r), model(x, r))
+    hook.remove()
+    pre = torch.nn.modules.module.register_module_forward_pre_hook(
+        lambda m, args: seen.append("global") if m is opt else None
+    )
+    try:
+        opt(x, r)
+    finally:
+        pre.remove()
+    assert seen == ["hook", "global"] and python_path == [1, 1]
+    opt(x, r)
+    assert python_path == [1, 1]
+    module_call = torch.nn.Module.__call__
+    torch.nn.Module.__call__ = lambda self, *a, **k: module_call(self, *a, **k)
+    try:
+        opt(x, r)
+    finally:
+        torch.nn.Module.__call__ = module_call
+    assert python_path == [1, 1, 1]
+    with pytest.raises(anyshape.InputError, match="residual"):
+        opt(torch.randn(2, 16), torch.randn(3, 16))
+    assert python_path == [1, 1, 1, 1]
+    with pytest.raises(TypeError):
+        type(opt).__dict__["__call__"]()  # no module to call
+
+
 def test_keywords_in_any_order_and_nested_outputs():
     model = TwoOutputs()
     opt = anyshape.optimize(model, {"x": torch.randn(2, 3), "y": torch.randn(2, 3)})

@@ -3,7 +3,8 @@
 Sits under ``native`` and plugin mode's direct call path. ``fastcall()`` returns
 the ``_anyshape_fastcall`` module -- ``call`` for NumPy arrays (``fastcall.c``)
 and ``TorchCall``, a whole plugin-mode model call on torch tensors
-(``torchcall.c``; module definition in ``fastcall_module.c``) -- built with the
+(``torchcall.c``), and ``ModuleCall``, ``OptimizedModule.__call__`` without a
+Python frame (``modulecall.c``; module definition in ``fastcall_module.c``) -- built with the
 system compiler against this Python's and NumPy's headers through the
 content-addressed build cache, or ``None`` when it cannot be built (no Python
 headers): callers then use the ctypes path, which does the same work at a few
@@ -32,7 +33,12 @@ def fastcall():
     from ..errors import AnyshapeError
 
     here = resources.files(__package__)
-    parts = ("fastcall.c", "torchcall.c", "fastcall_module.c")  # one unit, in this order
+    parts = (
+        "fastcall.c",
+        "torchcall.c",
+        "modulecall.c",
+        "fastcall_module.c",
+    )  # one unit, in this order
     source = "\n".join(here.joinpath(p).read_text() for p in parts)
     flags = [
         "-O2",

@@ -1,5 +1,5 @@
 /* anyshape runtime: the fast-call extension's module definition (built last,
- * after fastcall.c and torchcall.c; see runtime/fastcall.py). */
+ * after fastcall.c, torchcall.c and modulecall.c; see runtime/fastcall.py). */
 
 static PyMethodDef methods[] = {
     {"call", call, METH_VARARGS, "Run one compiled graph on NumPy arrays."},
@@ -10,12 +10,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_anyshape_fastcall",
 
 PyMODINIT_FUNC PyInit__anyshape_fastcall(void) {
   import_array();
-  if (PyType_Ready(&TorchCallType) < 0) return NULL;
+  if (PyType_Ready(&TorchCallType) < 0 || PyType_Ready(&ModuleCallType) < 0) return NULL;
   PyObject* m = PyModule_Create(&module);
   if (!m) return NULL;
-  Py_INCREF(&TorchCallType);
-  if (PyModule_AddObject(m, "TorchCall", (PyObject*)&TorchCallType) < 0) {
-    Py_DECREF(&TorchCallType);
+  if (PyModule_AddType(m, &TorchCallType) < 0 || PyModule_AddType(m, &ModuleCallType) < 0) {
     Py_DECREF(m);
     return NULL;
   }

@@ -82,6 +82,9 @@ class HostProgram:
     dnnl_routes: list[str]  # per kernel: what oneDNN runs when linked, else "" (explain)
 
 
+_REASSOCIATE = '__attribute__((optimize("associative-math", "no-signed-zeros"))) '
+
+
 def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
     sched = plan_schedule(graph)
     buffer_of = {id(n): k for k, n in enumerate(sched.materialized)}
@@ -98,7 +101,8 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         texts = [here.joinpath(h).read_text() for h in headers]
         lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", *texts, "#endif"]
     for body, name in names.items():
-        lines.append(f"static int {name}(void* const* P, const int64_t* D) {{")
+        attr = _REASSOCIATE if "reduction(+:" in body else ""
+        lines.append(f"static int {attr}{name}(void* const* P, const int64_t* D) {{")
         lines += ["  " + ln for ln in body.splitlines()]
         lines += ["}", ""]
     host, slots = _host_function(graph, sched, buffer_of, kernels, names, extra_symbols)

@@ -11,6 +11,8 @@ exp of softmax) are recomputed rather than stored: the row is in cache.
 
 from __future__ import annotations
 
+import re
+
 from ...ir.graph import Node
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
@@ -200,4 +202,24 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
             step += f"if (++{rows[k]} == {extents[k]}) {{ {rows[k]} = 0; "
         step += f"++{rows[0]};" + " }" * (len(rows) - 1)
         lines += [f"    {step}", "  }", "}"]
-    return lines
+    return _drop_unread_row_stores(lines)
+
+
+_ROW_STORE = re.compile(r"^\s*rb\[(\d+) \* [^\]]+\] = [^;]+;$")
+_ROW_USE = re.compile(r"rb\[(\d+) \*")
+
+
+def _drop_unread_row_stores(lines: list[str]) -> list[str]:
+    """Without the stores to row-buffer slots no later loop reads (a value read only in
+    the loop that computes it: LayerNorm's output feeding GELU twice), and without the
+    buffer when no slot is read."""
+    read = {int(m) for ln in lines if not _ROW_STORE.match(ln) for m in _ROW_USE.findall(ln)}
+    kept = [ln for ln in lines if not ((m := _ROW_STORE.match(ln)) and int(m.group(1)) not in read)]
+    if read or len(kept) == len(lines):
+        return kept
+    out = []
+    for ln in kept:
+        if "rb = (" in ln or ln.strip() in ("if (!rb) err_flag = 3;", "if (!rb) return 3;"):
+            continue
+        out.append(ln.replace("rb && row", "row"))
+    return out

@@ -10,11 +10,11 @@ AS_VINLINE float as_bits_to_float(int32_t i) { return __builtin_bit_cast(float, 
 
 // exp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r,
 // scaled by 2^n in two steps so results near the overflow and subnormal ends stay right.
-// The clamp bounds make those ends fall out of the arithmetic (88.8 overflows to inf,
-// -104.5 rounds to 0) and NaN flows through it, so no selects after the polynomial.
+// The upper clamp makes overflow fall out of the arithmetic (88.8 overflows to inf) and NaN
+// flows through it; below -104.5 one select gives 0 (e^x rounds to 0 from -103.97).
 AS_VINLINE float as_expf(float x) {
   const float hi = 88.8f, lo = -104.5f;
-  float xc = x > hi ? hi : (x < lo ? lo : x);
+  float xc = hi < x ? hi : x;  // one-sided (NaN passes): GCC turns a two-sided clamp into 9 ops
   float n = __builtin_rintf(xc * 1.44269504088896341f);
   float r = __builtin_fmaf(n, -0.693359375f, xc);
   r = __builtin_fmaf(n, 2.12194440e-4f, r);
@@ -27,12 +27,15 @@ AS_VINLINE float as_expf(float x) {
   float y = __builtin_fmaf(p, r * r, r) + 1.0f;
   int32_t ni = (int32_t)n;
   int32_t n1 = ni >> 1, n2 = ni - n1;
-  return y * as_bits_to_float((n1 + 127) << 23) * as_bits_to_float((n2 + 127) << 23);
+  y = y * as_bits_to_float((n1 + 127) << 23) * as_bits_to_float((n2 + 127) << 23);
+  return x < lo ? 0.0f : y;  // below lo the reduction above is garbage; e^x rounds to 0 there
 }
 
-// erf: odd/even rational approximation on [-4, 4] (erf is +-1 in float beyond).
+// erf: odd rational approximation on [0, 4] (erf is 1 in float beyond), sign copied from
+// the argument: clamping |a| on one side costs 2 ops where clamping a on both costs 8.
 AS_VINLINE float as_erff(float a) {
-  float x = a > 4.0f ? 4.0f : (a < -4.0f ? -4.0f : a);
+  float x = __builtin_fabsf(a);
+  x = 4.0f < x ? 4.0f : x;
   float x2 = x * x;
   float p = -2.72614225801306e-10f;
   p = p * x2 + 2.77068142495902e-08f;
@@ -47,7 +50,7 @@ AS_VINLINE float as_erff(float a) {
   q = q * x2 + -1.68282697438203e-03f;
   q = q * x2 + -7.37332916720468e-03f;
   q = q * x2 + -1.42647390514189e-02f;
-  return a != a ? a : p / q;
+  return __builtin_copysignf(p / q, a);
 }
 
 // tanh: odd/even rational approximation clamped to [-7.9, 7.9]; identity for tiny inputs.
