@@ -42,17 +42,21 @@ def _install_module_call() -> None:
     """``OptimizedModule.__call__`` in C (``runtime/modulecall.c``), once per process:
     a call without hooks or tracing then runs no Python frame (x + 1 on 16 elements:
     2.9 -> 2.1 us). The Python ``__call__`` stays as its general path."""
-    if "_general_call" in OptimizedModule.__dict__:
+    if OptimizedModule.__dict__["__call__"] is not _PYTHON_CALL:
         return
     from .runtime.fastcall import fastcall
 
     module = fastcall()
     if module is None:
         return
-    general = OptimizedModule.__call__
-    OptimizedModule._general_call = general
     OptimizedModule.__call__ = module.ModuleCall(
-        general, vars(_nn_module), torch.nn.Module, _MODULE_CALL, torch._C._get_tracing_state
+        OptimizedModule,
+        _PYTHON_CALL,
+        OptimizedModule._forward_python,
+        vars(_nn_module),
+        torch.nn.Module,
+        _MODULE_CALL,
+        torch._C._get_tracing_state,
     )
 
 
@@ -128,6 +132,10 @@ class OptimizedModule(torch.nn.Module):
             result = self._native_call(*args, **kwargs)
             if result is not NotImplemented:
                 return result
+        return self._forward_python(*args, **kwargs)
+
+    def _forward_python(self, *args, **kwargs):
+        """``forward`` past the native call (which declined these inputs, or is absent)."""
         flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
         if flat is not None:
             return self._direct(flat)
@@ -169,6 +177,9 @@ class OptimizedModule(torch.nn.Module):
     def profile(self) -> ProfileReport:
         """Kernel timings since the last ``profile()`` (needs the ``profile`` option)."""
         return ProfileReport([t for c in self.report.clusters for t in c.compiled.read_profile()])
+
+
+_PYTHON_CALL = OptimizedModule.__call__  # the general path of the C __call__
 
 
 def _compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):

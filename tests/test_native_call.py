@@ -1,12 +1,16 @@
 """Plugin mode's call done in C (runtime/torchcall.c): used when it covers the model's checks,
 and every call off its common path gets the general path's result or error."""
 
+import contextlib
+import inspect
+import sys
 import threading
 
 import pytest
 import torch
 
 import anyshape
+from anyshape.api import OptimizedModule
 
 
 class AddNorm(torch.nn.Module):
@@ -45,45 +49,78 @@ def test_whole_model_cluster_takes_the_native_call_and_matches_eager():
         assert isinstance(opt._native_call(x, r), torch.Tensor)
 
 
+@contextlib.contextmanager
+def _python_forward_calls():
+    """The number of calls to ``OptimizedModule.forward`` made while inside, as a list."""
+    code, calls = OptimizedModule.forward.__code__, []
+    sys.setprofile(
+        lambda frame, event, arg: (
+            calls.append(1) if frame.f_code is code and event == "call" else None
+        )
+    )
+    try:
+        yield calls
+    finally:
+        sys.setprofile(None)
+
+
 def test_module_call_in_c_steps_aside_whenever_the_module_path_is_needed():
     """``OptimizedModule.__call__`` is C (runtime/modulecall.c): it runs the native call
     without a Python frame, and takes the Python path (which calls ``forward``) for
-    hooks, global hooks, a patched ``nn.Module.__call__`` and inputs the prologue refuses."""
+    hooks, global hooks and a patched ``nn.Module.__call__``."""
     model = AddNorm().eval()
     opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
-    assert type(type(opt).__dict__["__call__"]).__name__ == "ModuleCall"
-    python_path = []
-    forward = opt.forward
-    opt.forward = lambda *a, **k: python_path.append(1) or forward(*a, **k)
+    call = type(opt).__dict__["__call__"]
+    assert type(call).__name__ == "ModuleCall" and call.__name__ == "__call__"
+    assert str(inspect.signature(opt)) == "(*args, **kwargs)"
     x, r = torch.randn(5, 16), torch.randn(5, 16)
-    torch.testing.assert_close(opt(x, r), model(x, r))
-    assert python_path == []
     seen = []
-    hook = opt.register_forward_hook(lambda m, args, out: seen.append("hook"))
-    torch.testing.assert_close(opt(x, r), model(x, r))
-    hook.remove()
-    pre = torch.nn.modules.module.register_module_forward_pre_hook(
-        lambda m, args: seen.append("global") if m is opt else None
-    )
-    try:
+    with _python_forward_calls() as python_path:
+        torch.testing.assert_close(opt(x, r), model(x, r))
+        assert python_path == []
+        hook = opt.register_forward_hook(lambda m, args, out: seen.append("hook"))
+        torch.testing.assert_close(opt(x, r), model(x, r))
+        hook.remove()
+        pre = torch.nn.modules.module.register_module_forward_pre_hook(
+            lambda m, args: seen.append("global") if m is opt else None
+        )
+        try:
+            opt(x, r)
+        finally:
+            pre.remove()
+        assert seen == ["hook", "global"] and python_path == [1, 1]
         opt(x, r)
-    finally:
-        pre.remove()
-    assert seen == ["hook", "global"] and python_path == [1, 1]
-    opt(x, r)
-    assert python_path == [1, 1]
-    module_call = torch.nn.Module.__call__
-    torch.nn.Module.__call__ = lambda self, *a, **k: module_call(self, *a, **k)
-    try:
-        opt(x, r)
-    finally:
-        torch.nn.Module.__call__ = module_call
-    assert python_path == [1, 1, 1]
+        assert python_path == [1, 1]
+        module_call = torch.nn.Module.__call__
+        torch.nn.Module.__call__ = lambda self, *a, **k: module_call(self, *a, **k)
+        try:
+            opt(x, r)
+        finally:
+            torch.nn.Module.__call__ = module_call
+        assert python_path == [1, 1, 1]
+    with pytest.raises(TypeError):
+        call()  # no module to call
+
+
+def test_module_call_in_c_honours_forward_overrides_and_declined_inputs():
+    model = AddNorm().eval()
+    opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
+    x, r = torch.randn(5, 16), torch.randn(5, 16)
+    forward = opt.forward
+    opt.forward = lambda *a: forward(*a) + 1  # an instance's own forward runs
+    torch.testing.assert_close(opt(x, r), model(x, r) + 1)
+    del opt.forward
+
+    class Shifted(OptimizedModule):
+        def forward(self, *args):
+            return super().forward(*args) - 1
+
+    opt.__class__ = Shifted  # a subclass's forward runs
+    torch.testing.assert_close(opt(x, r), model(x, r) - 1)
+    opt.__class__ = OptimizedModule
+    # Inputs the native prologue refuses: the Python remainder of forward names them.
     with pytest.raises(anyshape.InputError, match="residual"):
         opt(torch.randn(2, 16), torch.randn(3, 16))
-    assert python_path == [1, 1, 1, 1]
-    with pytest.raises(TypeError):
-        type(opt).__dict__["__call__"]()  # no module to call
 
 
 def test_keywords_in_any_order_and_nested_outputs():

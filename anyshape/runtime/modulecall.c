@@ -3,30 +3,36 @@
  * Built into the fast-call extension after torchcall.c (see runtime/fastcall.py);
  * api.py installs one ModuleCall as the class's __call__ once the extension loads.
  * A call goes straight to the module's TorchCall (its `_native_call`) when nothing
- * needs nn.Module's own call path: no hooks on the module or global ones, no weights
- * to keep in step, no Module.compile(), no TorchScript tracing, and nn.Module.__call__
- * not patched (torch.fx tracing patches it). Otherwise, or when the TorchCall
- * returns NotImplemented, it calls the Python `general(self, *args, **kwargs)`,
- * which takes the same decisions in Python and raises the errors that name inputs.
+ * needs nn.Module's own call path or the Python forward: an OptimizedModule itself
+ * (not a subclass) with no forward of its own, no hooks on the module or global ones,
+ * no weights to keep in step, no Module.compile(), no TorchScript tracing, and
+ * nn.Module.__call__ not patched (torch.fx tracing patches it). Otherwise it calls
+ * the Python `general(self, *args, **kwargs)`, which takes the same decisions in
+ * Python; when the TorchCall declines (returns NotImplemented) it calls
+ * `after_native`, forward's Python remainder, which raises the errors that name inputs.
  *
  * Python's type call slot passes `self` first without binding a method object
  * (Py_TPFLAGS_METHOD_DESCRIPTOR), so the fast path allocates nothing of its own.
  */
 
+#include <structmember.h>
+
 #define MC_NAMES(X)                                                                    \
   X(_native_call) X(_weights_watch) X(_compiled_call_impl) X(_forward_hooks)           \
   X(_forward_pre_hooks) X(_backward_hooks) X(_backward_pre_hooks) X(_global_forward_hooks) \
   X(_global_forward_pre_hooks) X(_global_backward_hooks) X(_global_backward_pre_hooks) \
-  X(__call__)
+  X(__call__) X(forward)
 
 #define MC_DECLARE(name) static PyObject* mc_##name;
 MC_NAMES(MC_DECLARE)
 #undef MC_DECLARE
 
 /* The Python objects a ModuleCall holds. */
-#define MC_OBJECTS(X)                                                         \
-  X(general)       /* the Python path: general(self, *args, **kwargs) */    \
-  X(hook_globals)  /* torch.nn.modules.module's globals (global hooks) */  \
+#define MC_OBJECTS(X)                                                                   \
+  X(module_class)  /* OptimizedModule: subclasses take the general path */            \
+  X(general)       /* the Python path: general(self, *args, **kwargs) */              \
+  X(after_native)  /* the Python path once the TorchCall declined (skips it) */      \
+  X(hook_globals)  /* torch.nn.modules.module's globals (global hooks) */            \
   X(module_type)   /* torch.nn.Module */                                    \
   X(module_call)   /* torch.nn.Module.__call__ as torch defines it */       \
   X(tracing_state) /* torch._C._get_tracing_state */
@@ -60,11 +66,18 @@ static int none_entry(PyObject* dict, PyObject* name) {
   return v == Py_None;
 }
 
-/* The module's TorchCall (borrowed) when the fast path may run; NULL when it may not
- * (with a Python error set only on failure). */
-static PyObject* fast_path(ModuleCall* self, PyObject* dict) {
-  PyObject* fast = PyDict_GetItemWithError(dict, mc__native_call);
-  if (!fast || Py_TYPE(fast) != &TorchCallType) return NULL;
+/* The module's TorchCall (a new reference) when the fast path may run; NULL when it may
+ * not (with a Python error set only on failure). Torch's tracing state is asked first, so
+ * no Python code runs between taking the TorchCall and holding it. */
+static PyObject* fast_path(ModuleCall* self, PyObject* module, PyObject* dict) {
+  if ((PyObject*)Py_TYPE(module) != self->module_class) return NULL;
+  PyObject* tracing = PyObject_CallNoArgs(self->tracing_state);
+  if (!tracing) return NULL;
+  Py_DECREF(tracing);
+  if (tracing != Py_None) return NULL;
+  PyObject* current = PyDict_GetItemWithError(((PyTypeObject*)self->module_type)->tp_dict,
+                                              mc___call__);
+  if (current != self->module_call) return NULL;
   PyObject* const hooks[] = {mc__forward_hooks, mc__forward_pre_hooks, mc__backward_hooks,
                              mc__backward_pre_hooks};
   PyObject* const global_hooks[] = {mc__global_forward_hooks, mc__global_forward_pre_hooks,
@@ -75,13 +88,11 @@ static PyObject* fast_path(ModuleCall* self, PyObject* dict) {
   }
   if (none_entry(dict, mc__weights_watch) != 1) return NULL;
   if (none_entry(dict, mc__compiled_call_impl) != 1) return NULL;
-  PyObject* current = PyDict_GetItemWithError(((PyTypeObject*)self->module_type)->tp_dict,
-                                              mc___call__);
-  if (current != self->module_call) return NULL;
-  PyObject* tracing = PyObject_CallNoArgs(self->tracing_state);
-  if (!tracing) return NULL;
-  Py_DECREF(tracing);
-  return tracing == Py_None ? fast : NULL;
+  if (PyDict_GetItemWithError(dict, mc_forward) || PyErr_Occurred()) return NULL;
+  PyObject* fast = PyDict_GetItemWithError(dict, mc__native_call);
+  if (!fast || Py_TYPE(fast) != &TorchCallType) return NULL;
+  Py_INCREF(fast);
+  return fast;
 }
 
 static PyObject* modulecall_call(PyObject* callable, PyObject* const* args, size_t nargsf,
@@ -94,30 +105,30 @@ static PyObject* modulecall_call(PyObject* callable, PyObject* const* args, size
   }
   PyObject* dict = PyObject_GenericGetDict(args[0], NULL);
   if (!dict) return NULL;
-  PyObject* fast = fast_path(self, dict);
-  PyObject* result = NULL;
-  if (fast) {
-    Py_INCREF(fast);
-    result = torchcall_call(fast, args + 1, (size_t)(nargs - 1), kwnames);
-    Py_DECREF(fast);
-    if (result == Py_NotImplemented) {
-      Py_DECREF(result);
-      result = NULL;
-    } else {
-      Py_DECREF(dict);
-      return result; /* a result, or NULL with the library's error */
-    }
-  }
+  PyObject* fast = fast_path(self, args[0], dict);
   Py_DECREF(dict);
-  if (PyErr_Occurred()) return NULL;
-  return PyObject_Vectorcall(self->general, args, (size_t)nargs, kwnames);
+  if (!fast) {
+    if (PyErr_Occurred()) return NULL;
+    return PyObject_Vectorcall(self->general, args, (size_t)nargs, kwnames);
+  }
+  PyObject* result = torchcall_call(fast, args + 1, (size_t)(nargs - 1), kwnames);
+  Py_DECREF(fast);
+  if (result != Py_NotImplemented) return result; /* a result, or NULL with its error */
+  Py_DECREF(result);
+  return PyObject_Vectorcall(self->after_native, args, (size_t)nargs, kwnames);
 }
 
 static PyObject* modulecall_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
-  PyObject *general, *hook_globals, *module_type, *module_call, *tracing_state;
+  PyObject *module_class, *general, *after_native, *hook_globals, *module_type, *module_call,
+      *tracing_state;
   if (mc_intern() < 0) return NULL;
-  if (!PyArg_ParseTuple(args, "OO!O!OO", &general, &PyDict_Type, &hook_globals, &PyType_Type,
-                        &module_type, &module_call, &tracing_state))
+  if (kw && PyDict_GET_SIZE(kw)) {
+    PyErr_SetString(PyExc_TypeError, "ModuleCall takes positional arguments only");
+    return NULL;
+  }
+  if (!PyArg_ParseTuple(args, "O!OOO!O!OO", &PyType_Type, &module_class, &general,
+                        &after_native, &PyDict_Type, &hook_globals, &PyType_Type, &module_type,
+                        &module_call, &tracing_state))
     return NULL;
   ModuleCall* self = (ModuleCall*)type->tp_alloc(type, 0);
   if (!self) return NULL;
@@ -138,6 +149,20 @@ static PyObject* modulecall_get(PyObject* self, PyObject* obj, PyObject* type) {
   }
   return PyMethod_New(self, obj);
 }
+
+/* What inspect and repr read from a function: the Python __call__ it stands for. */
+static PyMemberDef modulecall_members[] = {
+    {"__wrapped__", T_OBJECT, offsetof(ModuleCall, general), READONLY, NULL}, {NULL}};
+
+static PyObject* modulecall_general_attr(ModuleCall* self, void* name) {
+  return PyObject_GetAttrString(self->general, (const char*)name);
+}
+
+static PyGetSetDef modulecall_getset[] = {
+    {"__name__", (getter)modulecall_general_attr, NULL, NULL, "__name__"},
+    {"__qualname__", (getter)modulecall_general_attr, NULL, NULL, "__qualname__"},
+    {"__module__", (getter)modulecall_general_attr, NULL, NULL, "__module__"},
+    {NULL}};
 
 static int modulecall_traverse(ModuleCall* self, visitproc visit, void* arg) {
 #define MC_VISIT(name) Py_VISIT(self->name);
@@ -171,6 +196,8 @@ static PyTypeObject ModuleCallType = {
     .tp_traverse = (traverseproc)modulecall_traverse,
     .tp_clear = (inquiry)modulecall_clear,
     .tp_descr_get = modulecall_get,
+    .tp_members = modulecall_members,
+    .tp_getset = modulecall_getset,
     .tp_vectorcall_offset = offsetof(ModuleCall, vectorcall),
     .tp_call = PyVectorcall_Call,
 };

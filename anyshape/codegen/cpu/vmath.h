@@ -53,10 +53,12 @@ AS_VINLINE float as_erff(float a) {
   return __builtin_copysignf(p / q, a);
 }
 
-// tanh: odd/even rational approximation clamped to [-7.9, 7.9]; identity for tiny inputs.
+// tanh: odd rational approximation on [0, 7.9] (tanh is 1 in float beyond), sign copied
+// from the argument as in erf; identity for tiny inputs.
 AS_VINLINE float as_tanhf(float a) {
   const float c = 7.90531110763549805f;
-  float x = a > c ? c : (a < -c ? -c : a);
+  float ax = __builtin_fabsf(a);
+  float x = c < ax ? c : ax;
   float x2 = x * x;
   float p = -2.76076847742355e-16f;
   p = p * x2 + 2.00018790482477e-13f;
@@ -71,8 +73,8 @@ AS_VINLINE float as_tanhf(float a) {
   q = q * x2 + 2.26843463243900e-03f;
   q = q * x2 + 4.89352518554385e-03f;
   float y = p / q;
-  y = __builtin_fabsf(a) < 0.0004f ? a : y;
-  return a != a ? a : y;
+  y = ax < 0.0004f ? ax : y;
+  return __builtin_copysignf(y, a);
 }
 
 // Every math function the generated code calls, as compiler builtins (no <cmath>): float
