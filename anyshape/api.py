@@ -6,6 +6,8 @@ returned ``nn.Module``. The TorchDynamo backend lives in ``plugin.dynamo_backend
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.utils._pytree as pytree
 from torch.nn.modules import module as _nn_module
@@ -136,6 +138,8 @@ class OptimizedModule(torch.nn.Module):
 
     def _forward_python(self, *args, **kwargs):
         """``forward`` past the native call (which declined these inputs, or is absent)."""
+        if not self._warned_grad and torch.is_grad_enabled():
+            self._warn_if_grad_wanted(args, kwargs)
         flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
         if flat is not None:
             return self._direct(flat)
@@ -143,6 +147,23 @@ class OptimizedModule(torch.nn.Module):
         if self.graph_module is None:
             raise InputError(f"compiled {self._name} cannot take inputs structured like these")
         return self.graph_module(*args, **kwargs)
+
+    _warned_grad = False  # per instance once set
+
+    def _warn_if_grad_wanted(self, args, kwargs) -> None:
+        """Compiled code is inference only: say so once when an input asks for gradients
+        (the native call declines such inputs, so every one of them comes here)."""
+        leaves = pytree.tree_leaves((args, kwargs))
+        if any(isinstance(v, torch.Tensor) and v.requires_grad for v in leaves):
+            self._warned_grad = True
+            warnings.warn(
+                f"anyshape: compiled {self._name} runs inference only; an input requires "
+                "grad, but what anyshape computes carries no gradient (autograd does not "
+                "see compiled code). Call it under torch.no_grad() or "
+                "torch.inference_mode(), or detach the inputs; for gradients use "
+                "torch.compile(model, backend='anyshape'), whose backward runs in PyTorch.",
+                stacklevel=4,
+            )
 
     def _check_structure(self, args, kwargs) -> None:
         """Inputs must have the example's structure, with a tensor at every leaf."""

@@ -5,6 +5,7 @@ import contextlib
 import inspect
 import sys
 import threading
+import warnings
 
 import pytest
 import torch
@@ -142,11 +143,27 @@ def test_calls_off_the_common_path_are_handed_back():
     x, r = torch.randn(16, 6).t(), torch.randn(6, 16)  # non-contiguous
     assert opt._native_call(x, r) is NotImplemented
     torch.testing.assert_close(opt(x, r), model(x, r))
-    p = torch.nn.Parameter(torch.randn(2, 16))  # a Parameter is taken as is
+    p = torch.nn.Parameter(torch.randn(2, 16), requires_grad=False)  # taken as is
+    assert isinstance(opt._native_call(p, r[:2]), torch.Tensor)
     torch.testing.assert_close(opt(p, r[:2]), model(p, r[:2]))
-    g = torch.randn(2, 16, requires_grad=True)
-    torch.testing.assert_close(opt(g, r[:2]), model(g, r[:2]).detach())
     assert opt._native_call(x=x.contiguous(), residual=r) is NotImplemented  # positional example
+
+
+def test_inputs_that_require_grad_get_a_warning_once_that_no_gradient_flows():
+    model = AddNorm().eval()
+    opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
+    g, r = torch.randn(2, 16, requires_grad=True), torch.randn(2, 16)
+    assert opt._native_call(g, r) is NotImplemented
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.testing.assert_close(opt(g, r), model(g, r))
+    with pytest.warns(UserWarning, match="inference only.*torch.no_grad"):
+        got = opt(g, r)
+    assert not got.requires_grad
+    torch.testing.assert_close(got, model(g, r).detach())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt(g, r)  # once per module
 
 
 def test_bad_inputs_raise_the_model_level_errors():

@@ -9,9 +9,11 @@
  * as tensors without a copy and rebuilds the output structure.
  *
  * Anything off the common path -- a call structured unlike the example, a
- * non-tensor, another dtype or device, a non-contiguous tensor, or a shape the
- * prologue refuses -- returns NotImplemented, and the caller takes the general
- * Python path, which either handles it or raises the error that names the input.
+ * non-tensor, another dtype or device, a tensor that requires grad, a
+ * non-contiguous tensor, or a shape the prologue refuses -- returns
+ * NotImplemented, and the caller takes the general Python path, which either
+ * handles it (warning once that compiled code carries no gradient) or raises
+ * the error that names the input.
  */
 
 #define TC_MAX 64 /* inputs, output slots and flat outputs a TorchCall takes */
@@ -44,16 +46,19 @@ typedef struct {
 static PyObject* torchcall_call(PyObject* callable, PyObject* const* args, size_t nargsf,
                                 PyObject* kwnames);
 
-static PyObject *s_dtype, *s_is_cpu, *s_shape, *s_data_ptr, *s_is_contiguous;
+static PyObject *s_dtype, *s_is_cpu, *s_requires_grad, *s_shape, *s_data_ptr, *s_is_contiguous;
 
 static int intern_names(void) {
   if (s_dtype) return 0;
   s_dtype = PyUnicode_InternFromString("dtype");
   s_is_cpu = PyUnicode_InternFromString("is_cpu");
+  s_requires_grad = PyUnicode_InternFromString("requires_grad");
   s_shape = PyUnicode_InternFromString("shape");
   s_data_ptr = PyUnicode_InternFromString("data_ptr");
   s_is_contiguous = PyUnicode_InternFromString("is_contiguous");
-  return s_dtype && s_is_cpu && s_shape && s_data_ptr && s_is_contiguous ? 0 : -1;
+  return s_dtype && s_is_cpu && s_requires_grad && s_shape && s_data_ptr && s_is_contiguous
+             ? 0
+             : -1;
 }
 
 /* The per-call integers, read once here rather than from tuples on every call. */
@@ -186,6 +191,11 @@ static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, AsTens
   PyObject* flag = PyObject_GetAttr(t, s_is_cpu);
   if (!flag) return -1;
   int ok = flag == Py_True;
+  Py_DECREF(flag);
+  if (!ok) return 0;
+  flag = PyObject_GetAttr(t, s_requires_grad); /* the general path says it gets no gradient */
+  if (!flag) return -1;
+  ok = flag == Py_False;
   Py_DECREF(flag);
   if (!ok) return 0;
   flag = PyObject_CallMethodNoArgs(t, s_is_contiguous);
