@@ -6,6 +6,8 @@ returned ``nn.Module``. The TorchDynamo backend lives in ``plugin.dynamo_backend
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import torch
@@ -38,6 +40,18 @@ def _split_inputs(example_inputs) -> tuple[tuple, dict]:
     ):
         return example_inputs[0], example_inputs[1]
     return tuple(example_inputs), {}
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the caller of this that names the
+    first frame outside anyshape and torch.nn: the user's call, on any call path."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+_INTERNAL_DIRS = tuple(os.path.dirname(f) + os.sep for f in (__file__, torch.nn.__file__))
 
 
 def _install_module_call() -> None:
@@ -138,9 +152,11 @@ class OptimizedModule(torch.nn.Module):
 
     def _forward_python(self, *args, **kwargs):
         """``forward`` past the native call (which declined these inputs, or is absent)."""
-        if not self._warned_grad and torch.is_grad_enabled():
-            self._warn_if_grad_wanted(args, kwargs)
         flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
+        if not self._warned_grad and torch.is_grad_enabled():
+            self._warn_if_grad_wanted(
+                flat if flat is not None else pytree.tree_leaves((args, kwargs))
+            )
         if flat is not None:
             return self._direct(flat)
         self._check_structure(args, kwargs)
@@ -150,10 +166,9 @@ class OptimizedModule(torch.nn.Module):
 
     _warned_grad = False  # per instance once set
 
-    def _warn_if_grad_wanted(self, args, kwargs) -> None:
+    def _warn_if_grad_wanted(self, leaves) -> None:
         """Compiled code is inference only: say so once when an input asks for gradients
         (the native call declines such inputs, so every one of them comes here)."""
-        leaves = pytree.tree_leaves((args, kwargs))
         if any(isinstance(v, torch.Tensor) and v.requires_grad for v in leaves):
             self._warned_grad = True
             warnings.warn(
@@ -162,7 +177,7 @@ class OptimizedModule(torch.nn.Module):
                 "see compiled code). Call it under torch.no_grad() or "
                 "torch.inference_mode(), or detach the inputs; for gradients use "
                 "torch.compile(model, backend='anyshape'), whose backward runs in PyTorch.",
-                stacklevel=4,
+                stacklevel=_user_stacklevel(),
             )
 
     def _check_structure(self, args, kwargs) -> None:

@@ -1,5 +1,6 @@
 """The C++ CPU backend itself: generated code, build cache, workspace, threads, math, profile."""
 
+import subprocess
 import threading
 
 import numpy as np
@@ -149,8 +150,35 @@ def test_exact_gelu_runs_as_one_vector_function_within_erf_bound():
     want = torch.nn.functional.gelu(x.double())
     bound = 0.5 * x.double().abs().clamp_max(6.0) * 4.3e-7 + 1e-7  # erf bound + rounding
     assert bool(((got - want).abs() <= bound).all()), float(((got - want).abs() - bound).max())
-    special = torch.tensor([float("nan"), -float("inf"), 0.0, -0.0])
-    torch.testing.assert_close(opt(special), torch.nn.functional.gelu(special), equal_nan=True)
+    big = torch.finfo(torch.float32).max  # (eager overflows to inf at +big; this gives big)
+    special = torch.tensor([float("nan"), -float("inf"), 0.0, -0.0, -6.0, 1e30, -1e30, -big])
+    torch.testing.assert_close(
+        opt(special), torch.nn.functional.gelu(special), equal_nan=True, rtol=1e-6, atol=1e-7
+    )
+
+
+def test_reduction_kernels_inline_their_element_helpers():
+    """Float-sum kernels compile with their own float options; helpers such as as_max must
+    still be inlined (a call per element stopped a sum over relu from vectorizing)."""
+
+    class ReluSum(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x).sum(-1), torch.clamp(x, -1, 1).sum(-1)
+
+    model = ReluSum().eval()
+    opt = anyshape.optimize(model, (torch.randn(4, 16),))
+    (cluster,) = opt.report.clusters
+    assert "reduction(+:" in cluster.compiled.native.source
+    symbols = subprocess.run(
+        ["nm", "-C", str(cluster.compiled.native.library)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert not [ln for ln in symbols.splitlines() if " as_max<" in ln or " as_min<" in ln]
+    x = torch.randn(33, 70)
+    for got, want in zip(opt(x), model(x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_exp_ends_overflow_and_subnormal_like_torch():

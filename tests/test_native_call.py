@@ -157,8 +157,9 @@ def test_inputs_that_require_grad_get_a_warning_once_that_no_gradient_flows():
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(opt(g, r), model(g, r))
-    with pytest.warns(UserWarning, match="inference only.*torch.no_grad"):
+    with pytest.warns(UserWarning, match="inference only.*torch.no_grad") as caught:
         got = opt(g, r)
+    assert caught[0].filename == __file__  # the user's line, not anyshape's
     assert not got.requires_grad
     torch.testing.assert_close(got, model(g, r).detach())
     with warnings.catch_warnings():

@@ -7,6 +7,14 @@
 //   erf: absolute error <= 4.2e-7;  tanh: relative error <= 3.3e-7.  NaN in, NaN out.
 #define AS_VINLINE static inline __attribute__((always_inline))
 AS_VINLINE float as_bits_to_float(int32_t i) { return __builtin_bit_cast(float, i); }
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_assoc_barrier)
+#define AS_ASSOC_BARRIER(x) __builtin_assoc_barrier(x)
+#endif
+#endif
+#ifndef AS_ASSOC_BARRIER
+#define AS_ASSOC_BARRIER(x) (x)
+#endif
 
 // exp: Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, degree-6 polynomial for e^r,
 // scaled by 2^n in two steps so results near the overflow and subnormal ends stay right.
@@ -27,7 +35,10 @@ AS_VINLINE float as_expf(float x) {
   float y = __builtin_fmaf(p, r * r, r) + 1.0f;
   int32_t ni = (int32_t)n;
   int32_t n1 = ni >> 1, n2 = ni - n1;
-  y = y * as_bits_to_float((n1 + 127) << 23) * as_bits_to_float((n2 + 127) << 23);
+  // Two steps, in this order even where the kernel reassociates (host.py): one scale of
+  // 2^(n1 + n2) would overflow or flush at the ends.
+  y = AS_ASSOC_BARRIER(y * as_bits_to_float((n1 + 127) << 23)) *
+      as_bits_to_float((n2 + 127) << 23);
   return x < lo ? 0.0f : y;  // below lo the reduction above is garbage; e^x rounds to 0 there
 }
 
@@ -54,12 +65,14 @@ AS_VINLINE float as_erff(float a) {
 }
 
 // GELU, exact (erf) form: 0.5 x (1 + erf(x / sqrt 2)) with erf's rational above rescaled to
-// take x directly (coefficient k divided by 2^k, 1/sqrt 2 folded into p, clamp at 4 sqrt 2)
-// and 0.5 x (1 + e) as one fma: 3 fewer ops per element than the expression, so the same
-// erf error bound (GELU absolute error <= 0.5 |x| 4.2e-7). Codegen matches the lowering's
-// expression (codegen/cpu/expr.py).
+// take x directly (coefficient k divided by 2^k, 1/sqrt 2 folded into p) and 0.5 x (1 + e)
+// as one fma: 3 fewer ops per element than the expression, with erf's error bound (GELU
+// absolute error <= 0.5 |x| 4.2e-7 + half an ulp of the result). The clamp is 5.625, where
+// the rational is exactly 1 (at 4 sqrt 2 it is 1 + 1 ulp, which made GELU(-1e30) +6e22) and
+// erf(5.625 / sqrt 2) already rounds to 1. Codegen matches the lowering's expression
+// (codegen/cpu/expr.py).
 AS_VINLINE float as_gelu_erff(float x) {
-  const float c = 5.65685424949238f;
+  const float c = 5.625f;
   float a = __builtin_fabsf(x);
   a = c < a ? c : a;
   float a2 = a * a;
