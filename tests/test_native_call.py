@@ -154,6 +154,8 @@ def test_inputs_that_require_grad_get_a_warning_once_that_no_gradient_flows():
     opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
     g, r = torch.randn(2, 16, requires_grad=True), torch.randn(2, 16)
     assert opt._native_call(g, r) is NotImplemented
+    with torch.no_grad():
+        assert isinstance(opt._native_call(g, r), torch.Tensor)  # no gradient wanted
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error")
         torch.testing.assert_close(opt(g, r), model(g, r))

@@ -9,8 +9,8 @@
  * as tensors without a copy and rebuilds the output structure.
  *
  * Anything off the common path -- a call structured unlike the example, a
- * non-tensor, another dtype or device, a tensor that requires grad, a
- * non-contiguous tensor, or a shape the prologue refuses -- returns
+ * non-tensor, another dtype or device, a tensor that requires grad in grad mode,
+ * a non-contiguous tensor, or a shape the prologue refuses -- returns
  * NotImplemented, and the caller takes the general Python path, which either
  * handles it (warning once that compiled code carries no gradient) or raises
  * the error that names the input.
@@ -181,6 +181,22 @@ static int is_taken_tensor(TorchCall* self, PyObject* obj) {
   return 0;
 }
 
+/* torch.is_grad_enabled(): 1, 0, or -1 with a Python error. */
+static int grad_enabled(void) {
+  static PyObject* fn;
+  if (!fn) {
+    PyObject* torch = PyImport_ImportModule("torch");
+    if (!torch) return -1;
+    fn = PyObject_GetAttrString(torch, "is_grad_enabled");
+    Py_DECREF(torch);
+    if (!fn) return -1;
+  }
+  PyObject* on = PyObject_CallNoArgs(fn);
+  if (!on) return -1;
+  Py_DECREF(on);
+  return on == Py_True;
+}
+
 /* Describe one tensor: 1 done, 0 not on the fast path, -1 a Python error. */
 static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, AsTensor* out) {
   if (!is_taken_tensor(self, t)) return 0;
@@ -193,11 +209,14 @@ static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, AsTens
   int ok = flag == Py_True;
   Py_DECREF(flag);
   if (!ok) return 0;
-  flag = PyObject_GetAttr(t, s_requires_grad); /* the general path says it gets no gradient */
+  flag = PyObject_GetAttr(t, s_requires_grad);
   if (!flag) return -1;
   ok = flag == Py_False;
   Py_DECREF(flag);
-  if (!ok) return 0;
+  if (!ok) { /* with grad mode on, the general path says no gradient comes back */
+    int on = grad_enabled();
+    if (on) return on < 0 ? -1 : 0;
+  }
   flag = PyObject_CallMethodNoArgs(t, s_is_contiguous);
   if (!flag) return -1;
   ok = flag == Py_True;
