@@ -2,10 +2,12 @@
 and every call off its common path gets the general path's result or error."""
 
 import contextlib
+import gc
 import inspect
 import sys
 import threading
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -122,6 +124,20 @@ def test_module_call_in_c_honours_forward_overrides_and_declined_inputs():
     # Inputs the native prologue refuses: the Python remainder of forward names them.
     with pytest.raises(anyshape.InputError, match="residual"):
         opt(torch.randn(2, 16), torch.randn(3, 16))
+
+
+def test_a_native_call_keeps_its_library_alive():
+    """A TorchCall holds the object owning the library it calls into, so a call kept past
+    its module's lifetime still has its function and parameters."""
+    model = AddNorm().eval()
+    opt = _compiled(model, torch.randn(3, 16), torch.randn(3, 16))
+    library = weakref.ref(opt._direct.cluster.native.native)
+    call = opt._native_call
+    del opt
+    gc.collect()
+    assert library() is not None
+    x, r = torch.randn(4, 16), torch.randn(4, 16)
+    torch.testing.assert_close(call(x, r), model(x, r))
 
 
 def test_keywords_in_any_order_and_nested_outputs():

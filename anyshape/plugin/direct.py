@@ -169,4 +169,5 @@ def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
         (torch.Tensor, torch.nn.Parameter),
         torch.from_numpy,
         KernelError,
+        library,  # owns main, free and params
     )

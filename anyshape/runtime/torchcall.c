@@ -25,7 +25,8 @@
   X(outputs)      /* per flat output: (0, slot) | (1, flat input) | (2, constant) */       \
   X(unflatten)    /* form 2: list of flat outputs -> the model's output structure */       \
   X(tensor_types) /* the exact tensor types taken (subclasses go the general way) */       \
-  X(from_numpy) X(kernel_error)
+  X(from_numpy) X(kernel_error)                                                            \
+  X(owner) /* what owns `main`, `free` and `params` (the loaded library): kept alive */
 
 #define TC_FIELD(name) PyObject* name;
 typedef struct {
@@ -103,13 +104,14 @@ static PyObject* torchcall_new(PyTypeObject* type, PyObject* args, PyObject* kw)
   unsigned long long main_addr, free_addr, params_addr;
   Py_ssize_t n_args;
   PyObject *kw_names, *order, *dtypes, *out_types, *outputs, *unflatten, *tensor_types;
-  PyObject *from_numpy, *kernel_error;
+  PyObject *from_numpy, *kernel_error, *owner;
   int form;
   if (intern_names() < 0) return NULL;
-  if (!PyArg_ParseTuple(args, "KKKnO!O!O!O!O!iOO!OO", &main_addr, &free_addr, &params_addr,
+  if (!PyArg_ParseTuple(args, "KKKnO!O!O!O!O!iOO!OOO", &main_addr, &free_addr, &params_addr,
                         &n_args, &PyTuple_Type, &kw_names, &PyTuple_Type, &order, &PyTuple_Type,
                         &dtypes, &PyTuple_Type, &out_types, &PyTuple_Type, &outputs, &form,
-                        &unflatten, &PyTuple_Type, &tensor_types, &from_numpy, &kernel_error))
+                        &unflatten, &PyTuple_Type, &tensor_types, &from_numpy, &kernel_error,
+                        &owner))
     return NULL;
   TorchCall* self = (TorchCall*)type->tp_alloc(type, 0);
   if (!self) return NULL;
