@@ -198,6 +198,16 @@ extern "C" void anyshape_unwatch_weights(const void* const* weights, int64_t n) 
   __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
 }
 
+// Frees what describing a primitive took, once it is made (or failed): its descriptor,
+// its attributes and the n memory descriptors it was described with (null ones skipped).
+static void as_dnnl_release(dnnl_primitive_desc_t pd, dnnl_primitive_attr_t attr,
+                            dnnl_memory_desc_t* mds, int n) {
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  if (attr) dnnl_primitive_attr_destroy(attr);
+  for (int i = 0; i < n; ++i)
+    if (mds[i]) dnnl_memory_desc_destroy(mds[i]);
+}
+
 static dnnl_primitive_t as_dnnl_reorder(const_dnnl_memory_desc_t from, const_dnnl_memory_desc_t to) {
   dnnl_primitive_desc_t pd = nullptr;
   dnnl_primitive_t p = nullptr;

@@ -72,11 +72,8 @@ static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConv
       dnnl_memory_desc_clone(&e->weights, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_WEIGHTS_MD, 0)) == 0 &&
       dnnl_memory_desc_clone(&e->dst, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_DST_MD, 0)) == 0 &&
       dnnl_memory_desc_clone(&e->scratch, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SCRATCHPAD_MD, 0)) == 0;
-  if (pd) dnnl_primitive_desc_destroy(pd);
-  if (attr) dnnl_primitive_attr_destroy(attr);
-  dnnl_memory_desc_t tmp[] = {src_any, wei_any, dst_any};
-  for (dnnl_memory_desc_t md : tmp)
-    if (md) dnnl_memory_desc_destroy(md);
+  dnnl_memory_desc_t described[] = {src_any, wei_any, dst_any};
+  as_dnnl_release(pd, attr, described, 3);
   if (ok && !dnnl_memory_desc_equal(e->src_plain, e->src))
     ok = (e->to_conv = as_dnnl_reorder(e->src_plain, e->src)) != nullptr;
   if (ok && !dnnl_memory_desc_equal(e->dst, e->dst_plain))

@@ -55,11 +55,8 @@ static bool as_matmul_make(AsMatmulSite* s) {
       dnnl_primitive_create(&s->matmul, pd) == 0 &&
       dnnl_memory_desc_clone(&s->packed, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_WEIGHTS_MD, 0)) == 0 &&
       dnnl_memory_desc_clone(&s->scratch, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SCRATCHPAD_MD, 0)) == 0;
-  if (pd) dnnl_primitive_desc_destroy(pd);
-  if (attr) dnnl_primitive_attr_destroy(attr);
-  dnnl_memory_desc_t tmp[] = {src, dst, any};
-  for (dnnl_memory_desc_t md : tmp)
-    if (md) dnnl_memory_desc_destroy(md);
+  dnnl_memory_desc_t described[] = {src, dst, any};
+  as_dnnl_release(pd, attr, described, 3);
   if (ok) s->scratch_bytes = as_round64((int64_t)dnnl_memory_desc_get_size(s->scratch));
   if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed);
   return ok;

@@ -11,8 +11,6 @@ exp of softmax) are recomputed rather than stored: the row is in cache.
 
 from __future__ import annotations
 
-import re
-
 from ...ir.graph import Node
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
@@ -49,13 +47,15 @@ class StitchScope(KernelScope):
             self.row_slots[id(n)] = len(self.row_slots)
         self.planned_slots = self.row_slots
         self.row_len = root.shape[-1]
-        self.stored: set[int] = set()
+        self.stored: dict[int, str] = {}  # slot -> the statement storing it (first loop)
+        self.slots_read: set[int] = set()  # slots a later loop reads back
         self.row_loops: set[str] = set()  # index names of loops over a whole row
         self.row_values: set[str] = set()  # C names of per-row values (reductions, ...)
 
     def begin_variant(self, speculate: bool, split: bool) -> None:
         super().begin_variant(speculate, split)
-        self.stored, self.row_loops, self.row_values = set(), set(), set()
+        self.stored, self.slots_read = {}, set()
+        self.row_loops, self.row_values = set(), set()
         # Split over threads, a row has no one thread's buffer: its values are recomputed.
         self.row_slots = {} if split else self.planned_slots
 
@@ -67,12 +67,13 @@ class StitchScope(KernelScope):
         if key in self.memo:
             return self.memo[key]
         where = f"rb[{slot} * {self.dim(self.row_len)} + {idx[-1]}]"
-        if id(node) in self.stored:
+        if slot in self.stored:
             expr = where
+            self.slots_read.add(slot)
         else:  # the first loop over the row computes it (every loop covers the whole row)
-            self.stored.add(id(node))
             expr = self.tmp(compute_type(node.dtype), self._fused(node, tuple(idx)))
-            self.lines.append(f"{where} = {expr};")
+            self.stored[slot] = f"{where} = {expr};"
+            self.lines.append(self.stored[slot])
         self.memo[key] = expr
         return expr
 
@@ -153,7 +154,6 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
     extents = [scope.dim(d) for d in root.shape[:-1]]
     scope.row_names = rows
     scope.row_loops.add(last)
-    buffered = len(scope.row_slots)
     t = c_type(root.dtype)
     n = scope.dim(root.shape[-1])
     lines: list[str] = []
@@ -176,12 +176,6 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
         for k in range(len(rows) - 1, -1, -1):
             lines.append(f"  int64_t {rows[k]} = {rest}" + (f" % ({extents[k]});" if k else ";"))
             rest = f"{rest} / ({extents[k]})" if k else rest
-    if buffered:
-        lines.append(f"  {t}* rb = ({t}*)as_scratch((int64_t)sizeof({t}) * {buffered} * {n});")
-        lines.append("  if (!rb) err_flag = 3;" if rows else "  if (!rb) return 3;")
-    if rows:
-        guard = "rb && " if buffered else ""
-        lines.append(f"  for (int64_t row = lo; {guard}row < hi; ++row) {{")
 
     def row():
         for b in broadcasts:  # the reductions, once per row (memoized for the loop below)
@@ -195,31 +189,23 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
         scope.lines += _indent(inner, 1) + ["}"] + ["}", "}"] * scope.split
         return ""
 
-    lines += _indent(_body(scope, row), 2 if rows else 0)
+    body = _indent(_body(scope, row), 2 if rows else 0)
+    # A value only the loop computing it reads (LayerNorm's output feeding GELU twice) is
+    # not stored, and a kernel that reads no value back takes no row buffer.
+    unread = {line for slot, line in scope.stored.items() if slot not in scope.slots_read}
+    body = [ln for ln in body if ln.strip() not in unread]
+    buffered = len(scope.row_slots) if scope.slots_read else 0
+    if buffered:
+        lines.append(f"  {t}* rb = ({t}*)as_scratch((int64_t)sizeof({t}) * {buffered} * {n});")
+        lines.append("  if (!rb) err_flag = 3;" if rows else "  if (!rb) return 3;")
+    if rows:
+        guard = "rb && " if buffered else ""
+        lines.append(f"  for (int64_t row = lo; {guard}row < hi; ++row) {{")
+    lines += body
     if rows:
         step = ""
         for k in range(len(rows) - 1, 0, -1):
             step += f"if (++{rows[k]} == {extents[k]}) {{ {rows[k]} = 0; "
         step += f"++{rows[0]};" + " }" * (len(rows) - 1)
         lines += [f"    {step}", "  }", "}"]
-    return _drop_unread_row_stores(lines)
-
-
-_ROW_STORE = re.compile(r"^\s*rb\[(\d+) \* [^\]]+\] = [^;]+;$")
-_ROW_USE = re.compile(r"rb\[(\d+) \*")
-
-
-def _drop_unread_row_stores(lines: list[str]) -> list[str]:
-    """Without the stores to row-buffer slots no later loop reads (a value read only in
-    the loop that computes it: LayerNorm's output feeding GELU twice), and without the
-    buffer when no slot is read."""
-    read = {int(m) for ln in lines if not _ROW_STORE.match(ln) for m in _ROW_USE.findall(ln)}
-    kept = [ln for ln in lines if not ((m := _ROW_STORE.match(ln)) and int(m.group(1)) not in read)]
-    if read or len(kept) == len(lines):
-        return kept
-    out = []
-    for ln in kept:
-        if "rb = (" in ln or ln.strip() in ("if (!rb) err_flag = 3;", "if (!rb) return 3;"):
-            continue
-        out.append(ln.replace("rb && row", "row"))
-    return out
+    return lines
