@@ -312,10 +312,12 @@ class ResidualBlock(torch.nn.Module):
         return torch.relu(self.b2(self.c2(y)) + self.bs(self.short(x)))
 
 
-def test_convolution_runs_its_batch_norm_and_relu_as_an_epilogue():
+def test_convolution_runs_its_batch_norm_and_relu_as_an_epilogue(monkeypatch):
     """Each image's conv output gets BN + ReLU while in cache; the closing add reads two
     convolutions, and only the later one hosts it. Shapes cover the per-image GEMMs,
-    the batched GEMM of small images (under 256 positions, batch > 1) and batch 1."""
+    the batched GEMM of small images (under 256 positions, batch > 1) and batch 1.
+    Channels first throughout (the channels-last layout pass: ``test_channels_last``)."""
+    monkeypatch.setenv("ANYSHAPE_DNNL_CONV", "spatial")
     model = ResidualBlock().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 4, 9, 9),))
     (cluster,) = opt.report.clusters

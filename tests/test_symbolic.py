@@ -293,3 +293,17 @@ def test_helpers():
     assert shape_numel([2, S0, 3]) == 6 * S0
     assert shape_numel([2, 3]) == 6 and isinstance(shape_numel([2, 3]), int)
     assert S0.is_symbol and S0.symbol_name == "s0" and not (2 * S0).is_symbol
+
+
+def test_a_floordiv_of_a_floordiv_by_constants_is_one_floordiv():
+    """(y // b + c) // d == (y + c*b) // (b*d): a strided layer's output size written two
+    ways (a 4x then 2x downsampling, or 8x at once) has one canonical form."""
+    twice = floordiv(floordiv(S0 + 3, 4) + 1, 2)
+    assert twice == floordiv(S0 + 7, 8)
+    for y, b, c, d in [(S0, 2, -3, 5), (S0 + 2 * S1, 3, 4, 2), (S0 - 1, 4, 0, 3)]:
+        nested = floordiv(floordiv(y, b) + c, d)
+        assert format_expr(nested).count("floordiv") == 1
+        for v0 in range(-13, 14):
+            for v1 in (0, 5):
+                env = {"s0": v0, "s1": v1}
+                assert nested.evaluate(env) == (y.evaluate(env) // b + c) // d

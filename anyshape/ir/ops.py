@@ -330,11 +330,19 @@ def _window_out(d, k, s, p, dil) -> int | SymExpr:
     return as_dim(floordiv(as_expr(d) + 2 * p - dil * (k - 1) - 1, s) + 1)
 
 
-@_op("convolution", 2, "library", attrs="stride padding dilation groups")
+@_op(
+    "convolution",
+    2,
+    "library",
+    attrs="stride padding dilation groups",
+    doc="channels first: x [N, C, *spatial] -> [N, O, *spatial']; with channels_last=true "
+    "x [N, *spatial, C] -> [N, *spatial', O]; weights [O, C / groups, *kernel] either way",
+)
 def _convolution(types, attrs, store):
     x, w = types
     dt = _same_dtype(types, "convolution")
     nsp = x.rank - 2
+    last = bool(attrs.get("channels_last", False))
     if w.rank != x.rank or nsp < 1:
         raise IRTypeError(f"convolution needs input/weight of equal rank >= 3, got {x}, {w}")
     if not all(isinstance(k, int) for k in w.shape):
@@ -344,10 +352,11 @@ def _convolution(types, attrs, store):
         raise IRTypeError(f"convolution output channels {w.shape[0]} not divisible by groups {g}")
     if not len(attrs["stride"]) == len(attrs["padding"]) == len(attrs["dilation"]) == nsp:
         raise IRTypeError(f"convolution stride/padding/dilation must have {nsp} entries")
-    store.guard_eq(x.shape[1], w.shape[1] * g, "convolution input channels")
+    store.guard_eq(x.shape[-1 if last else 1], w.shape[1] * g, "convolution input channels")
+    first = 1 if last else 2  # the first spatial dim
     spatial = [
         _window_out(
-            x.shape[2 + i],
+            x.shape[first + i],
             w.shape[2 + i],
             attrs["stride"][i],
             attrs["padding"][i],
@@ -355,24 +364,35 @@ def _convolution(types, attrs, store):
         )
         for i in range(nsp)
     ]
+    if last:
+        return TensorType(dt, [x.shape[0], *spatial, w.shape[0]])
     return TensorType(dt, [x.shape[0], w.shape[0], *spatial])
 
 
-@_op("pool", 1, "", attrs="kind kernel stride padding dilation count_include_pad")
+@_op(
+    "pool",
+    1,
+    "",
+    attrs="kind kernel stride padding dilation count_include_pad",
+    doc="windows over the trailing dims, or with channels_last=true over the dims before "
+    "the last one ([N, *spatial, C])",
+)
 def _pool(types, attrs, store):
     (x,) = types
     k = attrs["kernel"]
     nsp = len(k)
+    last = 1 if attrs.get("channels_last", False) else 0
     if attrs["kind"] not in ("max", "avg"):
         raise IRTypeError(f"unknown pool kind {attrs['kind']!r}")
-    if x.rank < nsp + 1:
-        raise IRTypeError(f"pool over {nsp} dims needs rank >= {nsp + 1}, got {x}")
+    if x.rank < nsp + 1 + last:
+        raise IRTypeError(f"pool over {nsp} dims needs rank >= {nsp + 1 + last}, got {x}")
     if not len(attrs["stride"]) == len(attrs["padding"]) == len(attrs["dilation"]) == nsp:
         raise IRTypeError(f"pool stride/padding/dilation must have {nsp} entries")
-    lead = x.shape[: x.rank - nsp]
+    first = x.rank - nsp - last  # the first spatial dim
+    lead, tail = x.shape[:first], x.shape[x.rank - last :]
     spatial = [
         _window_out(
-            x.shape[x.rank - nsp + i],
+            x.shape[first + i],
             k[i],
             attrs["stride"][i],
             attrs["padding"][i],
@@ -380,7 +400,7 @@ def _pool(types, attrs, store):
         )
         for i in range(nsp)
     ]
-    return TensorType(x.dtype, [*lead, *spatial])
+    return TensorType(x.dtype, [*lead, *spatial, *tail])
 
 
 def check_op_table() -> list[str]:

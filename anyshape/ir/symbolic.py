@@ -310,6 +310,24 @@ def floordiv(a, b) -> SymExpr:
     return _atom_expr(Compound("floordiv", (a, b)))
 
 
+def _nested_floordiv(a: SymExpr) -> tuple[SymExpr, int, int] | None:
+    """(y, b, c) when ``a`` is ``y // b + c`` with a constant b > 0, else None."""
+    inner, c = None, 0
+    for m, coeff in a.terms:
+        if not m:
+            c = coeff
+        elif inner is None and coeff == 1 and len(m) == 1 and m[0][1] == 1:
+            inner = m[0][0]
+        else:
+            return None
+    if not isinstance(inner, Compound) or inner.kind != "floordiv":
+        return None
+    y, b = inner.args
+    if not b.is_constant or b.constant_value <= 0:
+        return None
+    return y, b.constant_value, c
+
+
 def _floordiv_remainder(r: SymExpr, d: int) -> SymExpr:
     # Remove the common factor of r's coefficients and d: (g*x) // (g*e) == x // e.
     g = math.gcd(d, *[c for _, c in r.terms])
@@ -321,6 +339,10 @@ def _floordiv_remainder(r: SymExpr, d: int) -> SymExpr:
     # 0 <= r < d for nonneg r whose largest possible value is a constant below d.
     if r.is_constant:
         return SymExpr.const(r.constant_value // d)
+    nested = _nested_floordiv(r)
+    if nested is not None:  # (y // b + c) // d == (y + c*b) // (b*d) for b, d > 0
+        y, b, c = nested
+        return floordiv(y + c * b, b * d)
     return _atom_expr(Compound("floordiv", (r, SymExpr.const(d))))
 
 

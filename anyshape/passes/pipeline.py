@@ -13,7 +13,7 @@ import os
 from ..config import Options
 from ..ir.graph import Graph
 from ..ir.verifier import verify_graph
-from . import canonical_shapes, simplify
+from . import canonical_shapes, channels_last, simplify
 
 PIPELINE = [
     ("canonical_shapes", canonical_shapes.run),  # equal dims written one way (the store's)
@@ -21,9 +21,16 @@ PIPELINE = [
 ]
 
 
-def run_pipeline(graph: Graph, options: Options) -> Graph:
+# Layout passes a backend asks for (``run_pipeline(..., layouts=[...])``), after PIPELINE.
+LAYOUT_PASSES = {
+    "channels_last": channels_last.run,  # oneDNN convolutions: [N, H, W, C] between them
+}
+
+
+def run_pipeline(graph: Graph, options: Options, layouts: tuple[str, ...] = ()) -> Graph:
     _after(graph, options, 0, "input")
-    for i, (name, fn) in enumerate(PIPELINE, start=1):
+    passes = PIPELINE + [(name, LAYOUT_PASSES[name]) for name in layouts]
+    for i, (name, fn) in enumerate(passes, start=1):
         graph = fn(graph, options)
         _after(graph, options, i, name)
     return graph

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..codegen.cpu.conv_emit import channels_last_convolutions
 from ..codegen.cpu.executable import CpuExecutable
 from ..codegen.cpu.host import HostProgram
 from ..config import Options
@@ -48,7 +49,8 @@ class CompiledCluster:
     """A callable compiled unit for one cluster of an FX graph."""
 
     def __init__(self, lowered: LoweredCluster, options: Options):
-        self._setup(run_pipeline(lowered.graph, options), options)
+        layouts = ("channels_last",) if channels_last_convolutions(options) else ()
+        self._setup(run_pipeline(lowered.graph, options, layouts), options)
 
     @classmethod
     def from_graph(

@@ -378,6 +378,14 @@ def _window_view(x, kernel, stride, dilation):
 @_impl("convolution")
 def _run_convolution(node, args, env, graph):
     x, w = args
+    if node.attr("channels_last", False):  # [N, *spatial, C]: the same sums, channels moved
+        y = _convolve(node, np.moveaxis(x, -1, 1), w)
+        return np.ascontiguousarray(np.moveaxis(y, 1, -1))
+    return _convolve(node, x, w)
+
+
+def _convolve(node, x, w):
+    """A channels-first convolution: x [N, C, *spatial], w [O, C / groups, *kernel]."""
     stride, pad, dil, g = (node.attr(k) for k in ("stride", "padding", "dilation", "groups"))
     nsp = x.ndim - 2
     xp = np.pad(x, [(0, 0), (0, 0)] + [(p, p) for p in pad])
@@ -399,6 +407,15 @@ def _run_convolution(node, args, env, graph):
 @_impl("pool")
 def _run_pool(node, args, env, graph):
     x = args[0]
+    if node.attr("channels_last", False):  # [..., *spatial, C]: the channels moved first
+        first = x.ndim - len(node.attr("kernel")) - 1
+        y = _pool(node, np.moveaxis(x, -1, first))
+        return np.ascontiguousarray(np.moveaxis(y, first, -1))
+    return _pool(node, x)
+
+
+def _pool(node, x):
+    """Windows over the trailing dims of ``x``."""
     kind = node.attr("kind")
     k, s, p, d = (node.attr(a) for a in ("kernel", "stride", "padding", "dilation"))
     nsp = len(k)

@@ -52,6 +52,7 @@ class _Conv:
     Q: str  # input positions per image
     ins: list[str]
     outs: list[str]
+    channels_last: bool  # x [N, *spatial, C] and y [N, *spatial, O]
 
     @property
     def direct(self) -> bool:
@@ -64,6 +65,10 @@ def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
     kernel = [int(k) for k in w.shape[2:]]
     g = root.attr("groups")
     ksize = int(_product(kernel))
+    last = root.attr("channels_last", False)
+    x_spatial, y_spatial = (
+        (x.shape[1:-1], root.shape[1:-1]) if last else (x.shape[2:], root.shape[2:])
+    )
     return _Conv(
         t=c_type(root.dtype),
         kernel=kernel,
@@ -80,11 +85,12 @@ def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
         pw=scope.ptr(w),
         po=scope.ptr(root),
         N=scope.dim(x.shape[0]),
-        C=scope.dim(x.shape[1]),
-        P=scope.dim(_product(root.shape[2:])),
-        Q=scope.dim(_product(x.shape[2:])),
-        ins=[scope.dim(d) for d in x.shape[2:]],
-        outs=[scope.dim(d) for d in root.shape[2:]],
+        C=scope.dim(x.shape[-1 if last else 1]),
+        P=scope.dim(_product(y_spatial)),
+        Q=scope.dim(_product(x_spatial)),
+        ins=[scope.dim(d) for d in x_spatial],
+        outs=[scope.dim(d) for d in y_spatial],
+        channels_last=last,
     )
 
 
@@ -100,36 +106,81 @@ def _im2col_tap(c: _Conv) -> list[str]:
     return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
 
 
-def uses_dnnl_conv(root: Node) -> bool:
-    """A float32 2-D convolution without groups whose weights are a model weight, with a
-    kernel larger than 1x1: oneDNN runs it when the build links oneDNN.
+def _dnnl_mode() -> str:
+    return os.environ.get("ANYSHAPE_DNNL_CONV", "channels_last").lower()
 
-    ``ANYSHAPE_DNNL_CONV=all`` sends 1x1 kernels too (slower here: their layout reorders
-    cost more than oneDNN's convolution saves over a GEMM); ``=off`` keeps im2col + GEMM.
+
+def channels_last_convolutions(options) -> bool:
+    """Whether graphs for the CPU backend take the channels-last layout pass
+    (``passes/channels_last``): the build links oneDNN and ``ANYSHAPE_DNNL_CONV`` is
+    ``channels_last`` (the default)."""
+    if options.backend != "cpu" or _dnnl_mode() != "channels_last":
+        return False
+    from .build import small_gemm_flags
+
+    return "-DANYSHAPE_DNNL" in small_gemm_flags()
+
+
+def uses_dnnl_conv(root: Node) -> bool:
+    """A float32 2-D convolution without groups whose weights are a model weight: oneDNN
+    runs it when the build links oneDNN, if it is channels last or its kernel is over 1x1.
+
+    Channels-first 1x1 kernels stay a GEMM on the activations in place: oneDNN would
+    reorder them in and out, which costs more than its convolution saves.
+    ``ANYSHAPE_DNNL_CONV=spatial`` keeps every convolution channels first (no layout
+    pass), ``=all`` sends their 1x1 kernels to oneDNN too, ``=off`` keeps im2col + GEMM.
     """
-    mode = os.environ.get("ANYSHAPE_DNNL_CONV", "spatial").lower()
+    mode = _dnnl_mode()
     if mode == "off" or root.op != "convolution" or root.dtype != DType.f32:
         return False
     w = root.inputs[1]
     if w.rank != 4 or root.attr("groups") != 1 or w.op != "param":
         return False
-    return mode == "all" or _product(w.shape[2:]) != 1
+    return root.attr("channels_last", False) or mode == "all" or _product(w.shape[2:]) != 1
 
 
-def _conv_dnnl(c: _Conv, epilogue: list[str] | None) -> list[str]:
-    """One image at a time through oneDNN (``dnnl_conv.h``), each image's epilogue right
-    after it. If the first image cannot run there, im2col + GEMM below runs instead."""
-    geometry = [c.cg, c.out_channels, *c.kernel, *c.stride, *c.pad, *c.dil]
+def runs_as_matmul(root: Node) -> bool:
+    """A channels-last 1x1 convolution with unit stride and no padding: per image, a GEMM
+    of its pixels by the weights ([O, C] as a linear layer holds them), through oneDNN's
+    matmul, whose one primitive serves every image size (a convolution primitive is made
+    for each new size, 0.3-0.5 ms)."""
+    w = root.inputs[1]
+    return (
+        root.attr("channels_last", False)
+        and tuple(w.shape[2:]) == (1, 1)
+        and all(v == 1 for v in root.attr("stride"))
+        and not any(root.attr("padding"))
+    )
+
+
+def dnnl_header(root: Node) -> str | None:
+    """The oneDNN runtime header a convolution kernel calls into, if any."""
+    if not uses_dnnl_conv(root):
+        return None
+    return "dnnl_matmul.h" if runs_as_matmul(root) else "dnnl_conv.h"
+
+
+def _conv_dnnl(c: _Conv, epilogue: list[str] | None, matmul: bool) -> list[str]:
+    """One image at a time through oneDNN (``dnnl_conv.h``, or ``dnnl_matmul.h`` for a
+    channels-last 1x1 kernel), each image's epilogue right after it. If the first image
+    cannot run there, im2col + GEMM below runs instead."""
+    x, w = f"(const float*){c.px} + n * {c.C} * {c.Q}", f"(const float*){c.pw}"
+    y = f"(float*){c.po} + n * {c.out_channels} * {c.P}"
+    if matmul:
+        site = f"static AsMatmulSite dnnl_site = {{{c.cg}, {c.out_channels}, 1, "
+        call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {c.P})"
+    else:
+        geometry = [c.cg, c.out_channels, *c.kernel, *c.stride, *c.pad, *c.dil]
+        site = f"static AsConvSite dnnl_site = {{{', '.join(map(str, geometry))}, "
+        site += f"{int(c.channels_last)}, "
+        call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]})"
     lines = [
         "#ifdef ANYSHAPE_DNNL",
-        f"static AsConvSite dnnl_site = {{{', '.join(str(v) for v in geometry)}, "
-        "{PTHREAD_MUTEX_INITIALIZER}};",
+        site + "{PTHREAD_MUTEX_INITIALIZER}};",
         "int64_t done = 0;",
         f"for (; done < {c.N}; ++done) {{",
         "  const int64_t n = done;",
-        f"  if (!as_dnnl_conv2d(&dnnl_site, (const float*){c.px} + n * {c.C} * {c.Q}, "
-        f"(const float*){c.pw}, (float*){c.po} + n * {c.out_channels} * {c.P}, "
-        f"{c.ins[0]}, {c.ins[1]})) break;",
+        f"  if (!{call}) break;",
     ]
     if epilogue is not None:
         lines += _indent(epilogue, 1)
@@ -178,6 +229,55 @@ def _conv_batched(c: _Conv) -> list[str]:
         "  }",
         "}",
     ]
+    return lines
+
+
+def _conv_channels_last(c: _Conv, epilogue: list[str] | None) -> list[str]:
+    """im2col + GEMM on [N, H, W, C] activations (oneDNN's path when it cannot run one):
+    per image, a column matrix of one row per output position, its columns each input
+    channel's taps in turn (the order of the [O, C, KH, KW] weights), times the weights
+    transposed. A 1x1 kernel with unit stride and no padding reads the image in place."""
+    t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
+    (h, w), (_, ow) = c.ins, c.outs
+    lines = []
+    if not c.direct:
+        lines += [
+            f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});",
+            "if (!col) return 3;",
+        ]
+    lines += [
+        f"for (int64_t n = 0; n < {c.N}; ++n) {{",
+        f"  const {t}* xn = (const {t}*){c.px} + n * {c.Q} * {c.C};",
+    ]
+    if not c.direct:
+        lines += [
+            f"  #pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)",
+            f"  for (int64_t p = 0; p < {c.P}; ++p) {{",
+            f"    {t}* d = col + p * {c.rows};",
+            f"    const int64_t o0 = p / {ow}, o1 = p % {ow};",
+            f"    for (int64_t k0 = 0; k0 < {kh}; ++k0) {{",
+            f"      const int64_t y0 = o0 * {sh} - {ph} + k0 * {dh};",
+            f"      for (int64_t k1 = 0; k1 < {kw}; ++k1) {{",
+            f"        const int64_t y1 = o1 * {sw} - {pw} + k1 * {dw}, tap = k0 * {kw} + k1;",
+            f"        if (y0 >= 0 && y0 < {h} && y1 >= 0 && y1 < {w}) {{",
+            f"          const {t}* s = xn + (y0 * {w} + y1) * {c.C};",
+            f"          for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = s[ch];",
+            "        } else {",
+            f"          for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = ({t})0;",
+            "        }",
+            "      }",
+            "    }",
+            "  }",
+        ]
+    a = "xn" if c.direct else "col"
+    lines.append(
+        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasTrans, {c.P}, {c.out_channels}, {c.rows}, "
+        f"{a}, {c.rows}, (const {t}*){c.pw}, {c.rows}, ({t}*){c.po} + n * {c.P} * "
+        f"{c.out_channels}, 1);"
+    )
+    if epilogue is not None:  # this image's output, still in cache
+        lines += _indent(epilogue, 1)
+    lines += ["}", "return 0;"]
     return lines
 
 
@@ -238,7 +338,9 @@ def emit_conv(scope: KernelScope, root: Node, epilogue: list[str] | None) -> lis
     t, g = c.t, c.groups
     lines = [f"if ({c.N} == 0 || {c.P} == 0) return 0;"]
     if uses_dnnl_conv(root):
-        lines += _conv_dnnl(c, epilogue)
+        lines += _conv_dnnl(c, epilogue, runs_as_matmul(root))
+    if c.channels_last:
+        return lines + _conv_channels_last(c, epilogue)
     # Few output positions per image (a CNN's last stages: 7x7) make each image's GEMM
     # too narrow to run at speed: then the columns of all images go side by side.
     lines.append(f"if ({c.N} > 1 && {c.P} < {BATCHED_CONV_POSITIONS}) {{")

@@ -32,8 +32,9 @@ static void as_conv_shape_free(AsConvShape* e) {
 }
 
 // One call site: a convolution's static geometry, its shapes and its layers' packed weights.
+// Activations are channels first ([C, H, W] per image) or, with nhwc, channels last.
 struct AsConvSite {
-  int64_t c, o, kh, kw, sh, sw, ph, pw, dh, dw;
+  int64_t c, o, kh, kw, sh, sw, ph, pw, dh, dw, nhwc;
   AsWeightsCache weights;
   AsConvShape shapes[AS_CONV_SHAPES];
   int64_t clock;
@@ -51,6 +52,10 @@ static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConv
   dnnl_dims_t src = {1, s->c, h, w}, src_st = {s->c * h * w, h * w, w, 1};
   dnnl_dims_t wei = {s->o, s->c, s->kh, s->kw};
   dnnl_dims_t dst = {1, s->o, oh, ow}, dst_st = {s->o * oh * ow, oh * ow, ow, 1};
+  if (s->nhwc) {  // the same dims, channels innermost
+    src_st[1] = 1, src_st[2] = w * s->c, src_st[3] = s->c;
+    dst_st[1] = 1, dst_st[2] = ow * s->o, dst_st[3] = s->o;
+  }
   dnnl_dims_t strides = {s->sh, s->sw}, dil = {s->dh - 1, s->dw - 1};
   dnnl_dims_t pl = {s->ph, s->pw}, pr = {prh, prw};
   dnnl_memory_desc_t src_any = nullptr, wei_any = nullptr, dst_any = nullptr;
@@ -144,8 +149,8 @@ static void as_conv_release(AsConvSite* s, AsConvShape* e) {
   pthread_mutex_unlock(&s->weights.mu);
 }
 
-// y = conv(x, w) for one image in NCHW; false if oneDNN could not run it (the caller
-// falls back to im2col + GEMM).
+// y = conv(x, w) for one image (CHW, or HWC when the site is nhwc); false if oneDNN could
+// not run it (the caller falls back to im2col + GEMM).
 static bool as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* y, int64_t h,
                            int64_t wd) {
   if (s->broken || !as_dnnl_engine()) return false;

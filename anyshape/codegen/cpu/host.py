@@ -21,7 +21,7 @@ from importlib import resources
 from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
-from .conv_emit import uses_dnnl_conv
+from .conv_emit import dnnl_header
 from .gemm_emit import dnnl_matmul_weight
 from .kernels import Kernel, emit_kernel
 from .memory import MemoryPlan, plan_memory
@@ -126,8 +126,9 @@ _DNNL_ROUTE = {"dnnl_conv.h": "oneDNN convolution", "dnnl_matmul.h": "oneDNN mat
 
 def _dnnl_use(sched, root: Node) -> tuple[str, Node] | None:
     """The oneDNN runtime header a kernel calls into and the weight it packs, if any."""
-    if uses_dnnl_conv(root):
-        return "dnnl_conv.h", root.inputs[1]
+    header = dnnl_header(root) if root.op == "convolution" else None
+    if header is not None:
+        return header, root.inputs[1]
     w = dnnl_matmul_weight(sched, root)
     return ("dnnl_matmul.h", w) if w is not None else None
 

@@ -347,6 +347,10 @@ def _emit_cumulative(scope: KernelScope, root: Node) -> list[str]:
 
 def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     """convolution and pool: direct loops over each output element's window."""
+    if root.attr("channels_last", False):
+        if root.op != "pool" or root.dtype not in (DType.f32, DType.f64) or root.rank != 4:
+            raise NotImplementedError(f"channels-last {root.op} {root.type}: float 2-D pools only")
+        return pool_emit.emit_pool_channels_last(scope, root, _nest_open, _nest_close)
     if pool_emit.covers(root):
         return pool_emit.emit_max_pool_rows(scope, root, _nest_open, _nest_close)
     conv = root.op == "convolution"

@@ -7,7 +7,9 @@ the compiler from vectorizing it (ResNet-50's stem pool took 4.5 % of the
 model). Here each output row starts at -inf in the output buffer, and for
 every valid input row ``iy`` and tap ``kx`` one branch-free loop over the
 output columns whose input column is in range -- a range computed once per
-tap -- takes the max (NaN wins, as in torch). Everything else keeps the
+tap -- takes the max (NaN wins, as in torch). A channels-last pool (max or
+average) walks the window per output position with one vector loop over the
+channels per tap (``emit_pool_channels_last``). Everything else keeps the
 general window loop.
 """
 
@@ -79,6 +81,58 @@ def emit_max_pool_rows(scope, root: Node, nest_open, nest_close) -> list[str]:
         "  }",
         "}",
     ]
+    lines += ["    " + ln for ln in body]
+    nest_close(len(names), lines)
+    return lines
+
+
+def emit_pool_channels_last(scope, root: Node, nest_open, nest_close) -> list[str]:
+    """A 2-D float pool over [N, H, W, C]: per output position, every tap in range adds
+    (or takes the max of) one contiguous channel vector."""
+    x = root.inputs[0]
+    (kh, kw), (sh, sw) = root.attr("kernel"), root.attr("stride")
+    (ph, pw), (dh, dw) = root.attr("padding"), root.attr("dilation")
+    t = "float" if root.dtype == DType.f32 else "double"
+    kind = root.attr("kind")
+    N, H, W, C = (scope.dim(d) for d in x.shape)
+    OH, OW = (scope.dim(d) for d in root.shape[1:3])
+    names = ("i0", "i1")  # image, output row
+    lines: list[str] = []
+    nest_open(scope, root.shape[:2], names, f"{scope.dim(root.type.numel)} * {kh * kw}", lines)
+    px, po = scope.ptr(x), scope.ptr(root)
+    if kind == "max":
+        init, step = "-__builtin_inf()", "o[c] = (v > o[c] || v != v) ? v : o[c];"
+    else:
+        init, step = "0", "o[c] += v;"
+    body = [
+        f"for (int64_t ow = 0; ow < {OW}; ++ow) {{",
+        f"  {t}* o = ({t}*){po} + ((i0 * {OH} + i1) * {OW} + ow) * {C};",
+        "  #pragma omp simd",
+        f"  for (int64_t c = 0; c < {C}; ++c) o[c] = {init};",
+        "  int64_t taps = 0;",
+        f"  for (int64_t ky = 0; ky < {kh}; ++ky) {{",
+        f"    const int64_t iy = i1 * {sh} - {ph} + ky * {dh};",
+        f"    if (iy < 0 || iy >= {H}) continue;",
+        f"    for (int64_t kx = 0; kx < {kw}; ++kx) {{",
+        f"      const int64_t ix = ow * {sw} - {pw} + kx * {dw};",
+        f"      if (ix < 0 || ix >= {W}) continue;",
+        f"      const {t}* s = (const {t}*){px} + ((i0 * {H} + iy) * {W} + ix) * {C};",
+        "      ++taps;",
+        "      #pragma omp simd",
+        f"      for (int64_t c = 0; c < {C}; ++c) {{ const {t} v = s[c]; {step} }}",
+        "    }",
+        "  }",
+    ]
+    if kind == "avg":
+        count = str(kh * kw) if root.attr("count_include_pad") else "taps"
+        body += [
+            f"  const {t} scale = taps ? ({t})1 / ({t}){count} : ({t})0;",
+            "  #pragma omp simd",
+            f"  for (int64_t c = 0; c < {C}; ++c) o[c] *= scale;",
+        ]
+    else:
+        body.append("  (void)taps;")
+    body.append("}")
     lines += ["    " + ln for ln in body]
     nest_close(len(names), lines)
     return lines

@@ -1,0 +1,194 @@
+"""Channels last: 2-D convolutions run on [N, H, W, C] activations, which stay in that
+layout from one convolution to the next.
+
+Sits in the pass pipeline after simplify, when the backend runs float32 convolutions
+through oneDNN (the CPU backend in plugin mode). oneDNN's direct convolutions work in a
+channels-last layout: fed channels-first activations, each call reorders its input in
+and its output back, 20 % of ResNet-50's time. Here every such convolution becomes
+``transpose(conv_channels_last(transpose(x)))``, and the transposes move down through
+what a CNN puts between convolutions (batch norm's per-channel scale and shift, ReLU,
+the residual add, slices, pooling, the global average pool) until they meet the next
+convolution's and cancel. A strided 1x1 convolution reads a strided slice of its
+input, so every 1x1 convolution is a GEMM over the pixels. What is left is one transpose where the model's input enters
+and one per value that leaves in channels-first order (a graph output, or an op the
+layout does not pass through).
+
+Only the transposes this pass makes move (``meta["channels_last"]``); a model's own
+transposes stay where they are. Pass contract: keeps every output's type and value;
+shapes are only permuted, so every dim fact still holds.
+"""
+
+from __future__ import annotations
+
+from ..config import Options
+from ..ir.dtypes import DType
+from ..ir.graph import Graph, Node
+from ..ir.ops import OPS
+from ..ir.symbolic import as_dim, as_expr, floordiv
+from ..ir.types import TensorType
+from .rewrite import graph_rewrite
+
+TO_LAST = (0, 2, 3, 1)  # [N, C, H, W] -> [N, H, W, C]
+TO_FIRST = (0, 3, 1, 2)  # [N, H, W, C] -> [N, C, H, W]
+_MARK = "channels_last"
+
+
+def converts(node: Node) -> bool:
+    """A float32 2-D convolution without groups whose weights are a model weight: the
+    convolutions the CPU backend hands to oneDNN."""
+    return (
+        node.op == "convolution"
+        and node.dtype == DType.f32
+        and node.rank == 4
+        and node.attr("groups") == 1
+        and not node.attr("channels_last", False)
+        and node.inputs[1].op == "param"
+    )
+
+
+def _attrs(**kv) -> tuple:
+    return tuple(sorted(kv.items()))
+
+
+def _moved(node: Node) -> tuple[int, ...] | None:
+    """The perm of a transpose this pass made, else None."""
+    return node.attr("perm") if node.op == "transpose" and node.meta.get(_MARK) else None
+
+
+def _inverse(perm) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _permuted(node: Node, perm, op_inputs, **changed) -> Node:
+    """``node`` rebuilt on ``op_inputs``, its result the untransposed view of its old one:
+    ``transpose(result, perm)`` has the old type."""
+    ty = TensorType(node.dtype, [node.shape[p] for p in _inverse(perm)])
+    attrs = _attrs(**{**node.attr_dict, **changed})
+    return Node(node.op, tuple(op_inputs), attrs, ty, dict(node.meta))
+
+
+class _Layout:
+    """The rules, sharing one transpose node per (value, perm)."""
+
+    def __init__(self):
+        self.made: dict[tuple[int, tuple[int, ...]], Node] = {}
+
+    def transpose(self, x: Node, perm) -> Node:
+        """``x`` permuted, composed with a transpose of this pass below it."""
+        perm = tuple(perm)
+        inner = _moved(x)
+        if inner is not None:
+            perm, x = tuple(inner[p] for p in perm), x.inputs[0]
+        if perm == tuple(range(len(perm))):
+            return x
+        key = (id(x), perm)
+        if key not in self.made:
+            ty = TensorType(x.dtype, [x.shape[p] for p in perm])
+            self.made[key] = Node("transpose", (x,), _attrs(perm=perm), ty, {_MARK: True})
+        return self.made[key]
+
+    def convolution(self, node: Node) -> Node | None:
+        if not converts(node):
+            return None
+        x, w = node.inputs
+        x = self.transpose(x, TO_LAST)
+        stride = tuple(node.attr("stride"))
+        if w.shape[2:] == (1, 1) and not any(node.attr("padding")) and stride != (1, 1):
+            x = _subsample(x, stride)  # a strided 1x1 convolution: a 1x1 one of every s-th pixel
+            stride = (1, 1)
+        conv = _permuted(node, TO_FIRST, (x, w), channels_last=True, stride=stride)
+        return self.transpose(conv, TO_FIRST)
+
+    def elementwise(self, node: Node) -> Node | None:
+        """op(transpose(a), broadcast(s), b) -> transpose(op(a, broadcast'(s), b')):
+        broadcasts are re-targeted, and a value in the model's layout (b) is transposed
+        the other way, only when fewer of those are left than transposes moved (moving
+        one for one would not save a transpose, and would keep a channels-first
+        convolution from running this op as its epilogue)."""
+        moved = [_moved(x) for x in node.inputs]
+        perm = next((p for p in moved if p is not None), None)
+        if perm is None:
+            return None
+        operands, plain = [], 0
+        for x, p in zip(node.inputs, moved):
+            if p == perm:
+                operands.append(x.inputs[0])
+            elif x.op == "broadcast_in_dim" and (b := _broadcast_moved(x, perm)) is not None:
+                operands.append(b)
+            else:
+                operands.append(self.transpose(x, _inverse(perm)))
+                plain += 1
+        if plain and plain >= moved.count(perm):
+            return None
+        return self.transpose(_permuted(node, perm, operands), perm)
+
+    def slice(self, node: Node) -> Node | None:
+        perm = _moved(node.inputs[0])
+        if perm is None:
+            return None
+        inv = _inverse(perm)
+        bounds = {k: tuple(node.attr(k)[i] for i in inv) for k in ("start", "limit", "stride")}
+        return self.transpose(_permuted(node, perm, node.inputs[0].inputs, **bounds), perm)
+
+    def pool(self, node: Node) -> Node | None:
+        """A 2-D float pool of a [N, C, H, W] view of [N, H, W, C] pools the latter."""
+        if _moved(node.inputs[0]) != TO_FIRST or len(node.attr("kernel")) != 2:
+            return None
+        if node.dtype not in (DType.f32, DType.f64) or node.attr("channels_last", False):
+            return None
+        pooled = _permuted(node, TO_FIRST, node.inputs[0].inputs, channels_last=True)
+        return self.transpose(pooled, TO_FIRST)
+
+    def reduce(self, node: Node) -> Node | None:
+        """A reduction over transposed axes reduces the matching axes of the source; the
+        kept axes may come out in another order, which one more transpose restores."""
+        perm = _moved(node.inputs[0])
+        if perm is None:
+            return None
+        axes = node.attr("axes")
+        src = node.inputs[0].inputs[0]
+        kept = [perm[i] for i in range(len(perm)) if i not in axes]  # source axes, result order
+        order = sorted(kept)
+        ty = TensorType(node.dtype, [src.shape[a] for a in order])
+        attrs = _attrs(**{**node.attr_dict, "axes": tuple(sorted(perm[a] for a in axes))})
+        reduced = Node(node.op, (src,), attrs, ty, dict(node.meta))
+        return self.transpose(reduced, tuple(order.index(a) for a in kept))
+
+    def rules(self) -> dict:
+        rules: dict = {
+            "convolution": [self.convolution],
+            "slice": [self.slice],
+            "pool": [self.pool],
+            "reduce": [self.reduce],
+        }
+        for name, opdef in OPS.items():
+            if "elementwise" in opdef.traits:
+                rules[name] = [self.elementwise]
+        return rules
+
+
+def _subsample(x: Node, stride) -> Node:
+    """Every ``stride``-th row and column of [N, H, W, C] ``x``."""
+    steps = (1, *stride, 1)
+    shape = [as_dim(floordiv(as_expr(d) + (k - 1), k)) for d, k in zip(x.shape, steps)]
+    attrs = _attrs(start=(0, 0, 0, 0), limit=tuple(x.shape), stride=steps)
+    return Node("slice", (x,), attrs, TensorType(x.dtype, shape))
+
+
+def _broadcast_moved(b: Node, perm) -> Node | None:
+    """A broadcast operand re-targeted to the untransposed layout (None: its dims would
+    not stay increasing)."""
+    dims = tuple(perm[d] for d in b.attr("dims"))
+    if list(dims) != sorted(dims):
+        return None
+    shape = tuple(b.shape[p] for p in _inverse(perm))
+    return _permuted(b, perm, b.inputs, dims=dims, shape=shape)
+
+
+def run(graph: Graph, options: Options) -> Graph:
+    if not any(converts(n) for n in graph.nodes()):
+        return graph
+    return graph_rewrite(graph, _Layout().rules(), "channels_last")
