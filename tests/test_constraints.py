@@ -349,3 +349,26 @@ def test_canonical_shapes_write_equal_dims_one_way_and_loops_then_fuse():
     np.testing.assert_allclose(a, x + y)
     with pytest.raises(InputError, match="s0 == s2|s2 == s0|dim 0"):
         exe([x, np.zeros((3, 3), np.float32)], [])
+
+
+def test_passes_walk_graphs_deeper_than_the_recursion_limit():
+    """A chain of 5000 ops (ViT-base lowers to chains of over a thousand) goes through
+    every pass; a cast pair that simplify removes at its far end shows the walk reached it."""
+    import sys
+
+    from anyshape.config import Options
+    from anyshape.ir.dtypes import DType
+    from anyshape.ir.graph import GraphBuilder
+    from anyshape.ir.types import TensorType
+    from anyshape.passes.pipeline import run_pipeline
+
+    b = GraphBuilder(name="deep")
+    v = b.input("x", TensorType(DType.f32, (S0,)))
+    for _ in range(5000):
+        v = b.op("neg", v)
+    assert 5000 > sys.getrecursionlimit()
+    wide = b.op("convert", v, dtype=DType.f64)
+    graph = b.build([b.op("convert", wide, dtype=DType.f32)])
+    out = run_pipeline(graph, Options())
+    assert out.outputs[0].op == "neg"
+    assert sum(n.op == "neg" for n in out.nodes()) == 5000

@@ -21,10 +21,7 @@ def graph_rewrite(graph: Graph, rules: dict[str, list[Rule]], name: str) -> Grap
     memo: dict[int, Node] = {}
 
     def visit(node: Node) -> Node:
-        hit = memo.get(id(node))
-        if hit is not None:
-            return hit
-        new_inputs = tuple(visit(i) for i in node.inputs)
+        new_inputs = tuple(memo[id(i)] for i in node.inputs)
         cur = node
         if any(a is not b for a, b in zip(new_inputs, node.inputs)):
             cur = Node(node.op, new_inputs, node.attrs, node.type, node.meta)
@@ -41,7 +38,11 @@ def graph_rewrite(graph: Graph, rules: dict[str, list[Rule]], name: str) -> Grap
         memo[id(node)] = cur
         return cur
 
-    outputs = [visit(o) for o in graph.outputs]
+    # Inputs before users, without recursion: a deep model (ViT-base: over a thousand
+    # nodes in a chain) would exceed Python's recursion limit.
+    for node in graph.nodes():
+        visit(node)
+    outputs = [memo[id(o)] for o in graph.outputs]
     if all(a is b for a, b in zip(outputs, graph.outputs)):
         return graph
     return graph.with_outputs(outputs)
