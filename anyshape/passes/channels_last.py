@@ -4,7 +4,8 @@ layout from one convolution to the next.
 Sits in the pass pipeline after simplify, when the backend runs float32 convolutions
 through oneDNN (the CPU backend in plugin mode). oneDNN's direct convolutions work in a
 channels-last layout: fed channels-first activations, each call reorders its input in
-and its output back, 20 % of ResNet-50's time. Here every such convolution becomes
+and its output back (18 of ResNet-50's 90 ms at 2x224 with every convolution on
+oneDNN). Here every such convolution becomes
 ``transpose(conv_channels_last(transpose(x)))``, and the transposes move down through
 what a CNN puts between convolutions (batch norm's per-channel scale and shift, ReLU,
 the residual add, slices, pooling, the global average pool) until they meet the next
