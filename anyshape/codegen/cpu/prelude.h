@@ -157,6 +157,21 @@ static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int6
   }
   return true;
 }
+// Many GEMMs of one shape (attention's heads): whole GEMMs per thread, each through
+// oneDNN's sgemm, which runs single-threaded inside the parallel loop. 180-220 GFLOP/s at
+// BERT's attention shapes where OpenBLAS's batched call reached 115-170 (docs/architecture.md).
+// False if any failed: the caller's OpenBLAS path then computes them all.
+static inline bool as_batch_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
+                                  int64_t k, const float* a, int64_t lda, const float* b,
+                                  int64_t ldb, float* c, int64_t batch) {
+  const char opa = ta == CblasTrans ? 'T' : 'N', opb = tb == CblasTrans ? 'T' : 'N';
+  int failed = 0;
+  #pragma omp parallel for schedule(static) reduction(|:failed)
+  for (int64_t p = 0; p < batch; ++p)
+    failed |= dnnl_sgemm(opa, opb, m, n, k, 1.0f, a + p * m * k, lda, b + p * k * n, ldb, 0.0f,
+                         c + p * m * n, n) != 0;
+  return !failed;
+}
 #endif
 
 // Row-major C[b] = op(A[b]) @ op(B[b]) over a packed batch. One big GEMM per batch entry
@@ -171,6 +186,8 @@ static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
     if (batch == 1 && ta == CblasNoTrans && as_small_sgemm_fits(m, n, k) &&
         as_small_sgemm(tb, m, n, k, a, lda, b, ldb, c))
       return;  // else (a oneDNN error) OpenBLAS computes it from scratch below
+    if (batch >= 2 * omp_get_max_threads() && as_batch_sgemm(ta, tb, m, n, k, a, lda, b, ldb, c, batch))
+      return;
   }
 #endif
   const bool threaded_each = batch < 2 * omp_get_max_threads() || m * n * k >= (INT64_C(1) << 22);
