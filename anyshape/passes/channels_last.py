@@ -25,7 +25,6 @@ from ..config import Options
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
-from ..ir.symbolic import as_dim, as_expr, floordiv
 from ..ir.types import TensorType
 from .rewrite import graph_rewrite
 
@@ -34,17 +33,21 @@ TO_FIRST = (0, 3, 1, 2)  # [N, H, W, C] -> [N, C, H, W]
 _MARK = "channels_last"
 
 
-def converts(node: Node) -> bool:
+def onednn_convolution(node: Node) -> bool:
     """A float32 2-D convolution without groups whose weights are a model weight: the
-    convolutions the CPU backend hands to oneDNN."""
+    convolutions the CPU backend hands to oneDNN (``conv_emit.uses_dnnl_conv``)."""
     return (
         node.op == "convolution"
         and node.dtype == DType.f32
         and node.rank == 4
         and node.attr("groups") == 1
-        and not node.attr("channels_last", False)
         and node.inputs[1].op == "param"
     )
+
+
+def converts(node: Node) -> bool:
+    """Such a convolution, still channels first."""
+    return onednn_convolution(node) and not node.attr("channels_last", False)
 
 
 def _attrs(**kv) -> tuple:
@@ -72,9 +75,11 @@ def _permuted(node: Node, perm, op_inputs, **changed) -> Node:
 
 
 class _Layout:
-    """The rules, sharing one transpose node per (value, perm)."""
+    """The rules, sharing one transpose node per (value, perm); new nodes' types come
+    from the op table's rules over the graph's shape facts."""
 
-    def __init__(self):
+    def __init__(self, store):
+        self.store = store
         self.made: dict[tuple[int, tuple[int, ...]], Node] = {}
 
     def transpose(self, x: Node, perm) -> Node:
@@ -98,7 +103,9 @@ class _Layout:
         x = self.transpose(x, TO_LAST)
         stride = tuple(node.attr("stride"))
         if w.shape[2:] == (1, 1) and not any(node.attr("padding")) and stride != (1, 1):
-            x = _subsample(x, stride)  # a strided 1x1 convolution: a 1x1 one of every s-th pixel
+            x = self.subsample(
+                x, stride
+            )  # a strided 1x1 convolution: a 1x1 one of every s-th pixel
             stride = (1, 1)
         conv = _permuted(node, TO_FIRST, (x, w), channels_last=True, stride=stride)
         return self.transpose(conv, TO_FIRST)
@@ -113,17 +120,17 @@ class _Layout:
         perm = next((p for p in moved if p is not None), None)
         if perm is None:
             return None
-        operands, plain = [], 0
-        for x, p in zip(node.inputs, moved):
-            if p == perm:
-                operands.append(x.inputs[0])
-            elif x.op == "broadcast_in_dim" and (b := _broadcast_moved(x, perm)) is not None:
-                operands.append(b)
-            else:
-                operands.append(self.transpose(x, _inverse(perm)))
-                plain += 1
+        retargeted = [
+            _broadcast_moved(x, perm) if p != perm and x.op == "broadcast_in_dim" else None
+            for x, p in zip(node.inputs, moved)
+        ]
+        plain = sum(p != perm and b is None for p, b in zip(moved, retargeted))
         if plain and plain >= moved.count(perm):
             return None
+        operands = [
+            x.inputs[0] if p == perm else b if b is not None else self.transpose(x, _inverse(perm))
+            for x, p, b in zip(node.inputs, moved, retargeted)
+        ]
         return self.transpose(_permuted(node, perm, operands), perm)
 
     def slice(self, node: Node) -> Node | None:
@@ -158,6 +165,12 @@ class _Layout:
         reduced = Node(node.op, (src,), attrs, ty, dict(node.meta))
         return self.transpose(reduced, tuple(order.index(a) for a in kept))
 
+    def subsample(self, x: Node, stride) -> Node:
+        """Every ``stride``-th row and column of [N, H, W, C] ``x``."""
+        attrs = dict(start=(0, 0, 0, 0), limit=tuple(x.shape), stride=(1, *stride, 1))
+        ty = OPS["slice"].rule((x.type,), attrs, self.store)
+        return Node("slice", (x,), _attrs(**attrs), ty)
+
     def rules(self) -> dict:
         rules: dict = {
             "convolution": [self.convolution],
@@ -169,14 +182,6 @@ class _Layout:
             if "elementwise" in opdef.traits:
                 rules[name] = [self.elementwise]
         return rules
-
-
-def _subsample(x: Node, stride) -> Node:
-    """Every ``stride``-th row and column of [N, H, W, C] ``x``."""
-    steps = (1, *stride, 1)
-    shape = [as_dim(floordiv(as_expr(d) + (k - 1), k)) for d, k in zip(x.shape, steps)]
-    attrs = _attrs(start=(0, 0, 0, 0), limit=tuple(x.shape), stride=steps)
-    return Node("slice", (x,), attrs, TensorType(x.dtype, shape))
 
 
 def _broadcast_moved(b: Node, perm) -> Node | None:
@@ -192,4 +197,4 @@ def _broadcast_moved(b: Node, perm) -> Node | None:
 def run(graph: Graph, options: Options) -> Graph:
     if not any(converts(n) for n in graph.nodes()):
         return graph
-    return graph_rewrite(graph, _Layout().rules(), "channels_last")
+    return graph_rewrite(graph, _Layout(graph.constraints).rules(), "channels_last")

@@ -20,7 +20,7 @@ def graph_rewrite(graph: Graph, rules: dict[str, list[Rule]], name: str) -> Grap
     """Rewrite every node reachable from the outputs with ``rules`` to a fixpoint."""
     memo: dict[int, Node] = {}
 
-    def visit(node: Node) -> Node:
+    def visit(node: Node) -> None:
         new_inputs = tuple(memo[id(i)] for i in node.inputs)
         cur = node
         if any(a is not b for a, b in zip(new_inputs, node.inputs)):
@@ -36,7 +36,6 @@ def graph_rewrite(graph: Graph, rules: dict[str, list[Rule]], name: str) -> Grap
         else:
             raise RuntimeError(f"rewrite {name!r} did not converge at {cur}")
         memo[id(node)] = cur
-        return cur
 
     # Inputs before users, without recursion: a deep model (ViT-base: over a thousand
     # nodes in a chain) would exceed Python's recursion limit.

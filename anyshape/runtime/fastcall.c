@@ -15,6 +15,25 @@
 
 #define AS_MAX_RANK 8
 
+// tp_traverse, tp_clear and tp_dealloc of a GC type whose object fields OBJECTS(X) lists
+// (TorchCall, ModuleCall): prefix_traverse, prefix_clear, prefix_dealloc.
+#define AS_GC_VISIT(name) Py_VISIT(self->name);
+#define AS_GC_CLEAR(name) Py_CLEAR(self->name);
+#define AS_GC_SLOTS(prefix, Type, OBJECTS)                                 \
+  static int prefix##_traverse(Type* self, visitproc visit, void* arg) {   \
+    OBJECTS(AS_GC_VISIT)                                                   \
+    return 0;                                                              \
+  }                                                                        \
+  static int prefix##_clear(Type* self) {                                  \
+    OBJECTS(AS_GC_CLEAR)                                                   \
+    return 0;                                                              \
+  }                                                                        \
+  static void prefix##_dealloc(Type* self) {                               \
+    PyObject_GC_UnTrack(self);                                             \
+    prefix##_clear(self);                                                  \
+    Py_TYPE(self)->tp_free((PyObject*)self);                               \
+  }
+
 typedef struct {
   void* data;
   int64_t ndim;

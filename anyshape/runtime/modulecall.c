@@ -164,25 +164,7 @@ static PyGetSetDef modulecall_getset[] = {
     {"__module__", (getter)modulecall_general_attr, NULL, NULL, "__module__"},
     {NULL}};
 
-static int modulecall_traverse(ModuleCall* self, visitproc visit, void* arg) {
-#define MC_VISIT(name) Py_VISIT(self->name);
-  MC_OBJECTS(MC_VISIT)
-#undef MC_VISIT
-  return 0;
-}
-
-static int modulecall_clear(ModuleCall* self) {
-#define MC_CLEAR(name) Py_CLEAR(self->name);
-  MC_OBJECTS(MC_CLEAR)
-#undef MC_CLEAR
-  return 0;
-}
-
-static void modulecall_dealloc(ModuleCall* self) {
-  PyObject_GC_UnTrack(self);
-  modulecall_clear(self);
-  Py_TYPE(self)->tp_free((PyObject*)self);
-}
+AS_GC_SLOTS(modulecall, ModuleCall, MC_OBJECTS)
 
 static PyTypeObject ModuleCallType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_anyshape_fastcall.ModuleCall",

@@ -134,25 +134,7 @@ static PyObject* torchcall_new(PyTypeObject* type, PyObject* args, PyObject* kw)
   return (PyObject*)self;
 }
 
-static int torchcall_traverse(TorchCall* self, visitproc visit, void* arg) {
-#define TC_VISIT(name) Py_VISIT(self->name);
-  TC_OBJECTS(TC_VISIT)
-#undef TC_VISIT
-  return 0;
-}
-
-static int torchcall_clear(TorchCall* self) {
-#define TC_CLEAR(name) Py_CLEAR(self->name);
-  TC_OBJECTS(TC_CLEAR)
-#undef TC_CLEAR
-  return 0;
-}
-
-static void torchcall_dealloc(TorchCall* self) {
-  PyObject_GC_UnTrack(self);
-  torchcall_clear(self);
-  Py_TYPE(self)->tp_free((PyObject*)self);
-}
+AS_GC_SLOTS(torchcall, TorchCall, TC_OBJECTS)
 
 #define NOT_HERE (Py_INCREF(Py_NotImplemented), Py_NotImplemented)
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from ...ir.dtypes import DType
 from ...ir.graph import Node
+from ...passes.channels_last import onednn_convolution
 from . import pool_emit
 from .ctypes_map import c_type
 from .expr import KernelScope, _product
@@ -131,12 +131,13 @@ def uses_dnnl_conv(root: Node) -> bool:
     pass), ``=all`` sends their 1x1 kernels to oneDNN too, ``=off`` keeps im2col + GEMM.
     """
     mode = _dnnl_mode()
-    if mode == "off" or root.op != "convolution" or root.dtype != DType.f32:
+    if mode == "off" or not onednn_convolution(root):
         return False
-    w = root.inputs[1]
-    if w.rank != 4 or root.attr("groups") != 1 or w.op != "param":
-        return False
-    return root.attr("channels_last", False) or mode == "all" or _product(w.shape[2:]) != 1
+    return (
+        root.attr("channels_last", False)
+        or mode == "all"
+        or _product(root.inputs[1].shape[2:]) != 1
+    )
 
 
 def runs_as_matmul(root: Node) -> bool:

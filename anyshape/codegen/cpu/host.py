@@ -126,7 +126,7 @@ _DNNL_ROUTE = {"dnnl_conv.h": "oneDNN convolution", "dnnl_matmul.h": "oneDNN mat
 
 def _dnnl_use(sched, root: Node) -> tuple[str, Node] | None:
     """The oneDNN runtime header a kernel calls into and the weight it packs, if any."""
-    header = dnnl_header(root) if root.op == "convolution" else None
+    header = dnnl_header(root)
     if header is not None:
         return header, root.inputs[1]
     w = dnnl_matmul_weight(sched, root)

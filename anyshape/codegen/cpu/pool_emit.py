@@ -94,7 +94,7 @@ def emit_pool_channels_last(scope, root: Node, nest_open, nest_close) -> list[st
     (ph, pw), (dh, dw) = root.attr("padding"), root.attr("dilation")
     t = "float" if root.dtype == DType.f32 else "double"
     kind = root.attr("kind")
-    N, H, W, C = (scope.dim(d) for d in x.shape)
+    H, W, C = (scope.dim(d) for d in x.shape[1:])
     OH, OW = (scope.dim(d) for d in root.shape[1:3])
     names = ("i0", "i1")  # image, output row
     lines: list[str] = []
