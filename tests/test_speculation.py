@@ -7,7 +7,9 @@ not, against NumPy:
   variant assumes it is not 1;
 - extents vs threads: when a kernel has fewer rows (outputs) than threads, the
   variant splits each row (reduction) over the threads instead of handing whole
-  rows to them.
+  rows to them;
+- vector width divisible vs tail: a stitch kernel's row loops run 16-lane
+  vectors, then (when the row length is not a multiple of 16) one masked block.
 
 The executables here run on 3 threads, so 1 and 2 rows take the split variant
 and 3 or more do not. Rows of 5000 elements pass the parallel threshold of a
@@ -60,7 +62,8 @@ def test_variants_and_their_predicates_are_described(softmax_exe):
     assert stitch.endswith(
         "[variants: s2 != 1 (no run-time broadcast) and s0 rows < threads and rows longer "
         "than 29127: each row's reductions and pass split over threads | s2 != 1 (no "
-        "run-time broadcast), else whole rows per thread | general]"
+        "run-time broadcast), else whole rows per thread | general] [row tail: s1 % 16 != 0: "
+        "the last s1 % 16 as one masked block]"
     ), stitch
     assert pointwise.endswith(
         "[variants: s2 != 1 (no run-time broadcast) and s0 rows < threads: the last dim "
@@ -155,3 +158,67 @@ def test_one_long_row_is_split_and_a_short_one_is_not():
         (got,) = exe([x], [])
         want = np.exp(x - x.max())
         np.testing.assert_allclose(got, want / want.sum(), rtol=1e-5, atol=1e-9)
+
+
+LAYER_NORM_SOFTMAX = """graph @ln(%x: f32[s0, s1]) {
+  %0 = reduce(%x) {axes=[1], kind="sum"} : f32[s0]
+  %1 = broadcast_in_dim(%0) {dims=[0], shape=[s0, s1]} : f32[s0, s1]
+  %2 = sub(%x, %1) : f32[s0, s1]
+  %3 = mul(%2, %2) : f32[s0, s1]
+  %4 = reduce(%3) {axes=[1], kind="sum"} : f32[s0]
+  %5 = broadcast_in_dim(%4) {dims=[0], shape=[s0, s1]} : f32[s0, s1]
+  %6 = div(%2, %5) : f32[s0, s1]
+  %7 = reduce(%x) {axes=[1], kind="max"} : f32[s0]
+  %8 = broadcast_in_dim(%7) {dims=[0], shape=[s0, s1]} : f32[s0, s1]
+  %9 = sub(%x, %8) : f32[s0, s1]
+  %10 = exp(%9) : f32[s0, s1]
+  %11 = reduce(%10) {axes=[1], kind="sum"} : f32[s0]
+  %12 = broadcast_in_dim(%11) {dims=[0], shape=[s0, s1]} : f32[s0, s1]
+  %13 = div(%10, %12) : f32[s0, s1]
+  return %6, %13
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def row_exe():
+    return CpuExecutable(parse_graph(LAYER_NORM_SOFTMAX), [], num_threads=THREADS)
+
+
+@pytest.mark.parametrize("width", [1, 5, 15, 16, 17, 31, 32, 33, 100, 257])
+def test_rows_with_and_without_a_masked_tail_match_numpy(row_exe, width):
+    """Widths below, at and past multiples of 16; the row's max sits in its tail, so a
+    tail lane that were dropped (or a lane past the row that were read) shows."""
+    assert all("[row tail: s1 % 16 != 0" in d for d in row_exe.kernel_descriptions)
+    rng = np.random.default_rng(width)
+    x = rng.standard_normal((6, width)).astype(np.float32)
+    x[:, -1] = 8.0
+    norm, soft = row_exe([x], [])
+    z = x.astype(np.float64)
+    c = z - z.sum(1, keepdims=True)
+    with np.errstate(invalid="ignore"):  # rows of 1: 0 / 0 on both sides
+        want_norm = c / (c * c).sum(1, keepdims=True)
+    np.testing.assert_allclose(norm, want_norm, rtol=1e-4, atol=1e-6)
+    e = np.exp(z - z.max(1, keepdims=True))
+    np.testing.assert_allclose(soft, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_a_nan_in_the_tail_propagates_through_max(row_exe):
+    x = np.zeros((3, 21), np.float32)
+    x[1, 19] = np.nan
+    soft = row_exe([x], [])[1]
+    assert np.isnan(soft[1]).all()
+    np.testing.assert_allclose(soft[[0, 2]], np.full((2, 21), 1 / 21, np.float32), rtol=1e-6)
+
+
+def test_a_static_row_of_whole_vectors_has_no_tail():
+    sixteen = LAYER_NORM_SOFTMAX.replace("s1]", "48]")
+    exe = CpuExecutable(parse_graph(sixteen), [], num_threads=THREADS)
+    assert not any("row tail" in d for d in exe.kernel_descriptions)
+    assert "& ~(int64_t)15" not in exe.source
+    odd = CpuExecutable(parse_graph(LAYER_NORM_SOFTMAX.replace("s1]", "40]")), [], THREADS)
+    tail = "[row tail: rows of 40: the last 8 elements as one masked block]"
+    assert all(d.endswith(tail) for d in odd.kernel_descriptions)
+    x = np.random.default_rng(1).standard_normal((4, 40)).astype(np.float32)
+    e = np.exp(x - x.max(1, keepdims=True))
+    np.testing.assert_allclose(odd([x], [])[1], e / e.sum(1, keepdims=True), rtol=1e-5)

@@ -112,6 +112,7 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
     described = [
         describe_kernel(sched, k.root)
         + (f" [variants: {' | '.join(k.variants)}]" if k.variants else "")
+        + (f" [row tail: {k.row_tail}]" if k.row_tail else "")
         for k in kernels
     ]
     packed = sorted({use[1].attr("name") for use in dnnl if use})

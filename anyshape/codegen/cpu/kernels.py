@@ -47,6 +47,7 @@ class Kernel:
     ints: list[SymExpr]  # run-time integers for D[k]
     root: Node
     variants: list[str] = field(default_factory=list)  # speculation: predicate of each variant
+    row_tail: str = ""  # when a stitch kernel's row loops end in a masked tail block
 
 
 def _loop_vars(rank: int, prefix: str = "i") -> list[str]:
@@ -566,4 +567,14 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
     head += [f"const int64_t D_{k} = D[{k}];" for k in range(len(scope.ints))]
     head.append("int err_flag = 0; int* err = &err_flag; (void)err;")
     body = "\n".join(head + lines + ["return err_flag;"])
-    return Kernel(body, scope.ptrs, scope.ints, root, variants)
+    tail = ""
+    if getattr(scope, "tails", False):
+        from .stitch_emit import TAIL_LANES
+
+        n = root.shape[-1]
+        if isinstance(n, int):
+            tail = f"rows of {n}: the last {n % TAIL_LANES} elements as one masked block"
+        else:
+            n = format_dim(n)
+            tail = f"{n} % {TAIL_LANES} != 0: the last {n} % {TAIL_LANES} as one masked block"
+    return Kernel(body, scope.ptrs, scope.ints, root, variants, tail)
