@@ -1,8 +1,8 @@
-"""The backends a benchmark compares: eager, two torch.compile modes, ONNX Runtime and anyshape.
+"""Compared backends: eager, two torch.compile modes, ONNX Runtime, OpenVINO and anyshape.
 
 Sits between ``workloads`` and ``runner``. ``prepare(model, example)`` does
-the ahead-of-time work (export, ``anyshape.optimize``; nothing for the lazy
-ones) and returns ``run(inputs) -> output``; ``compilations()`` reads the
+the ahead-of-time work (export or conversion, ``anyshape.optimize``; nothing
+for the lazy ones) and returns ``run(inputs) -> output``; ``compilations()`` reads the
 process-wide counter of graphs this kind of backend has compiled (``None``
 when it does not compile), so the runner can count recompilations per call.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,49 @@ def _onnxruntime(model, example) -> Run:
     return run
 
 
+def _openvino(model, example) -> Run:
+    """Convert with OpenVINO's PyTorch frontend, every input dim dynamic; compile once, CPU, f32.
+
+    ``convert_model`` traces the model on ``example`` (TorchScript) and names the
+    inputs after ``forward``'s parameters; ``input`` makes every dim of every
+    input dynamic, so one compiled model serves every request shape of the same
+    rank. ``INFERENCE_PRECISION_HINT`` is pinned to f32: on CPUs with AVX-512
+    BF16 or AMX the CPU plugin otherwise defaults to bf16. One infer request is
+    reused for every call, with the inputs shared (zero-copy) and the outputs
+    copied out, as ``CompiledModel.__call__`` would do.
+    """
+    import openvino as ov
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
+    shapes = {n: ov.PartialShape([ov.Dimension()] * t.dim()) for n, t in example.items()}
+    # Tracing warns about Python bools it folds (none depends on a dim that varies: the
+    # outputs match eager at every shape) and about deprecations; the run does not need them.
+    with warnings.catch_warnings():
+        for category in (torch.jit.TracerWarning, FutureWarning, DeprecationWarning):
+            warnings.simplefilter("ignore", category)
+        converted = ov.convert_model(model, example_input=dict(example), input=shapes)
+    config = {
+        props.inference_num_threads: torch.get_num_threads(),
+        hints.performance_mode: hints.PerformanceMode.LATENCY,
+        hints.inference_precision: ov.Type.f32,
+    }
+    compiled = ov.compile_model(converted, "CPU", config)
+    precision = compiled.get_property(hints.inference_precision)
+    if precision != ov.Type.f32:
+        raise RuntimeError(f"OpenVINO compiled for {precision}, not f32")
+    names = [i.get_any_name() for i in compiled.inputs]
+    if sorted(names) != sorted(example):
+        raise RuntimeError(f"converted model's inputs {names} != the example's {sorted(example)}")
+    request = compiled.create_infer_request()
+
+    def run(inputs):
+        results = request.infer({n: inputs[n].numpy() for n in names}, share_inputs=True)
+        return [torch.from_numpy(o) for o in results.to_tuple()]
+
+    return run
+
+
 def _anyshape(target: str) -> Callable[[torch.nn.Module, dict], Run]:
     def prepare(model, example) -> Run:
         import anyshape
@@ -117,6 +161,12 @@ def backends(anyshape_backend: str = "cpu") -> dict[str, Backend]:
                 "onnxruntime",
                 "torch.onnx.export (dynamo, all dims dynamic) + ONNX Runtime CPU",
                 _onnxruntime,
+                _no_compilations,
+            ),
+            Backend(
+                "openvino",
+                "openvino.convert_model (all dims dynamic) + OpenVINO CPU, f32, latency hint",
+                _openvino,
                 _no_compilations,
             ),
             Backend(

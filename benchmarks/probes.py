@@ -47,6 +47,7 @@ def machine() -> dict:
         "numpy": np.__version__,
         "anyshape": anyshape.__version__,
         "onnxruntime": _version("onnxruntime"),
+        "openvino": _version("openvino"),
         "load_average": load_average(),
     }
 

@@ -95,6 +95,7 @@ def header(results: dict) -> str:
             f"Command: `{results['command']}`  ",
             f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']} "
             f"({m['torch_threads']} threads), onnxruntime {m['onnxruntime']}, "
+            f"openvino {m.get('openvino')}, "
             f"load average {m['load_average']} at start, {m['load_average_end']} at end  ",
             f"Limits: {limits}  ",
             f"Run: {s['requests']} requests per workload, seed {s['seed']}, "

@@ -4,6 +4,8 @@ Runs eager and anyshape (NumPy interpreter, so no C++ build) on three
 LayerNorm requests through the CLI; Inductor and ONNX Runtime are too slow
 for the test suite and are left to ``anyshape bench --quick``. A backend that
 fails is recorded in the results and the table instead of stopping the run.
+OpenVINO (a dev dependency: missing, its test fails rather than skips) runs
+the one-layer BERT through the runner at several request shapes.
 """
 
 from __future__ import annotations
@@ -73,6 +75,38 @@ def test_a_failing_backend_is_reported_not_raised(monkeypatch):
     assert failed["backend"] == "broken" and failed["total_s"] is None
     assert "RuntimeError: cannot compile this" in failed["error"]
     assert "**failed** [1]" in report.table(results)
+
+
+def test_openvino_compiles_once_and_matches_eager_at_new_shapes(monkeypatch):
+    import openvino  # a dev dependency: fail here, do not skip, when it is missing
+
+    compiled = []
+    real_compile = openvino.compile_model
+
+    def counting(*args, **kwargs):
+        compiled.append(args)
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(openvino, "compile_model", counting)
+    _, _, runner, _ = cli._import_benchmarks()
+    settings = runner.Settings(
+        workloads=["bert"],
+        backends=["eager", "openvino"],
+        requests=3,
+        quick=True,
+        probe=False,
+        progress=False,
+        ranges={"text": [(1, 3), (8, 40)]},  # the example is 2 x 16: these are new shapes
+    )
+    section = runner.run(settings)["workloads"]["bert"]
+    assert len({tuple(s) for s in section["shapes"]}) >= 2, section["shapes"]
+    assert [s for s in section["shapes"] if s != section["example_shape"]]
+    ov = {r["backend"]: r for r in section["results"]}["openvino"]
+    assert ov["error"] is None, ov["error"]
+    assert ov["requests_done"] == 3
+    assert len(compiled) == 1  # one compile, every dim dynamic, for all three shapes
+    # f32, not the bf16 the CPU plugin picks by default on AVX-512 BF16 / AMX (errors ~3e-4 here)
+    assert ov["max_abs_err"] is not None and ov["max_abs_err"] < 1e-4
 
 
 def test_bad_shape_ranges_are_rejected_with_the_reason(capsys):
