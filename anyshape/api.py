@@ -6,6 +6,7 @@ returned ``nn.Module``. The TorchDynamo backend lives in ``plugin.dynamo_backend
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import warnings
@@ -153,6 +154,9 @@ class OptimizedModule(torch.nn.Module):
     def _forward_python(self, *args, **kwargs):
         """``forward`` past the native call (which declined these inputs, or is absent)."""
         flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
+        rebound = self._rebind(args, kwargs) if flat is None else None
+        if rebound is not None:
+            return self.forward(*rebound[0], **rebound[1])
         if not self._warned_grad and torch.is_grad_enabled():
             self._warn_if_grad_wanted(
                 flat if flat is not None else pytree.tree_leaves((args, kwargs))
@@ -165,6 +169,37 @@ class OptimizedModule(torch.nn.Module):
         return self.graph_module(*args, **kwargs)
 
     _warned_grad = False  # per instance once set
+    _positional: tuple[str, ...] | None = None  # forward's positional parameter names
+
+    def _rebind(self, args, kwargs) -> tuple[tuple, dict] | None:
+        """The call's inputs passed the way the example passed them, by the model's
+        ``forward`` signature: ``m(x)`` for a model compiled from ``{"x": ...}``, or
+        ``m(x=x)`` for one compiled from ``(x,)``. ``None`` when they already are (or
+        cannot be): then the structure check names what is wrong."""
+        if self._positional is None or self._in_spec is None:
+            return None
+        args_spec, kwargs_spec = self._in_spec.children()
+        n, names = args_spec.num_children, kwargs_spec.context
+        if (len(args) == n and set(kwargs) == set(names)) or len(args) > len(self._positional):
+            return None
+        given = dict(zip(self._positional, args))
+        if any(k in given for k in kwargs):
+            return None  # one input given twice: the structure check says so
+        given.update(kwargs)
+        order = self._positional[:n]
+        if len(given) != n + len(names) or any(k not in given for k in (*order, *names)):
+            return None
+        return tuple(given[k] for k in order), {k: given[k] for k in names}
+
+    def bind_signature_of(self, model) -> None:
+        """Accept calls that pass ``model``'s inputs positionally or by keyword, either way
+        (the example's way is the fast one: the other is rearranged in Python, ~3 us)."""
+        try:
+            params = inspect.signature(getattr(model, "forward", model)).parameters.values()
+        except (TypeError, ValueError):  # no signature: calls must match the example
+            return
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self._positional = tuple(p.name for p in params if p.kind in kinds)
 
     def _warn_if_grad_wanted(self, leaves) -> None:
         """Compiled code is inference only: say so once when an input asks for gradients
@@ -296,6 +331,7 @@ def optimize(
         if restored is not None:
             module = OptimizedModule.restored(*restored, name)
             module.watch_weights_of(model)
+            module.bind_signature_of(model)
             if _agrees_with_eager(model, module, args, kwargs):
                 bump("compilations")
                 bump("model_cache_hits")
@@ -306,6 +342,7 @@ def optimize(
     gm, report = _compile(model, args, kwargs, dynamic_shapes, opts)
     module = OptimizedModule(gm, report, name)
     module.watch_weights_of(model)
+    module.bind_signature_of(model)
     if key is not None:
         model_cache.store(key, model, module)
     return module

@@ -51,6 +51,26 @@ def test_wrong_rank_dtype_and_count_are_clear_errors():
         opt(torch.randn(3, 8), torch.randn(3, 8), torch.randn(3, 8))
 
 
+def test_inputs_pass_by_position_or_keyword_whichever_the_example_used():
+    model = MixedOps().eval()
+    x, y = torch.randn(5, 3), torch.randn(5, 3)
+    want = model(x, y)
+    anyshape.reset_stats()
+    by_name = anyshape.optimize(model, {"x": torch.randn(3, 8), "y": torch.randn(3, 8)})
+    by_position = anyshape.optimize(model, (torch.randn(3, 8), torch.randn(3, 8)))
+    for opt in (by_name, by_position):
+        for got in (opt(x, y), opt(x, y=y), opt(x=x, y=y), opt(y=y, x=x)):
+            for g, w in zip(got, want):
+                torch.testing.assert_close(g, w)
+    assert anyshape.stats()["compilations"] == 2
+    with pytest.raises(anyshape.InputError, match=r"expects 2 inputs \(x, y\)"):
+        by_name(x)
+    with pytest.raises(anyshape.InputError, match=r"expects 2 inputs \(x, y\)"):
+        by_name(x, x=x)
+    with pytest.raises(anyshape.InputError, match=r"expects 2 inputs \(x, y\)"):
+        by_position(x, y, z=y)
+
+
 def test_unsupported_op_falls_back_with_reason_and_location():
     class WithSort(torch.nn.Module):
         def forward(self, x):
