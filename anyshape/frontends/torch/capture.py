@@ -11,7 +11,9 @@ values of a symbolic dim (a run-time broadcast decision, not a new graph).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import logging
 import warnings
 from dataclasses import dataclass
 
@@ -96,6 +98,21 @@ def needs_widening(value) -> bool:
     return any(isinstance(t, torch.Tensor) and any(n < 2 for n in t.shape) for t in leaves)
 
 
+@contextlib.contextmanager
+def _quiet_specialization_log():
+    """torch.export logs a warning for each example dim of size 1 that it keeps static
+    though marked ``Dim.AUTO`` (an attention mask's [b, 1, 1, s]). anyshape marks every
+    dim itself, so the message would blame the user; the graph's types and ``explain()``
+    show which dims are static."""
+    logger = logging.getLogger("torch._export.non_strict_utils")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def capture_export(
     model: torch.nn.Module, args: tuple, kwargs: dict | None = None, dynamic_shapes=None
 ) -> Captured:
@@ -104,7 +121,7 @@ def capture_export(
     if dynamic_shapes is None:
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
     try:
-        with torch.no_grad():
+        with torch.no_grad(), _quiet_specialization_log():
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
