@@ -180,14 +180,16 @@ class OptimizedModule(torch.nn.Module):
             return None
         args_spec, kwargs_spec = self._in_spec.children()
         n, names = args_spec.num_children, kwargs_spec.context
-        if (len(args) == n and set(kwargs) == set(names)) or len(args) > len(self._positional):
+        if len(args) == n and set(kwargs) == set(names):
             return None
+        if len(args) > len(self._positional) or n > len(self._positional):
+            return None  # (forward(x, *rest): positions without names)
         given = dict(zip(self._positional, args))
         if any(k in given for k in kwargs):
             return None  # one input given twice: the structure check says so
         given.update(kwargs)
         order = self._positional[:n]
-        if len(given) != n + len(names) or any(k not in given for k in (*order, *names)):
+        if set(given) != {*order, *names}:
             return None
         return tuple(given[k] for k in order), {k: given[k] for k in names}
 

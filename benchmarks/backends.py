@@ -10,6 +10,7 @@ when it does not compile), so the runner can count recompilations per call.
 from __future__ import annotations
 
 import logging
+import sys
 import tempfile
 import warnings
 from collections.abc import Callable
@@ -86,6 +87,28 @@ def _onnxruntime(model, example) -> Run:
     return run
 
 
+def import_openvino():
+    """``openvino`` with its usage telemetry off, for this process.
+
+    Unless a consent file says otherwise, OpenVINO's converter reports usage to
+    Google Analytics from a process it forks off a thread: a network call at run
+    time, and a fork that deadlocked a test worker in OpenBLAS's fork handler.
+    OpenVINO uses its own no-op stub when ``openvino_telemetry`` cannot be
+    imported, so that import is blocked before OpenVINO first loads (importing
+    ``benchmarks`` does it).
+    """
+    if "openvino" not in sys.modules:
+        sys.modules.setdefault("openvino_telemetry", None)
+    if sys.modules.get("openvino_telemetry") is not None:
+        raise RuntimeError(
+            "OpenVINO was imported with its telemetry on before the benchmarks could turn it "
+            "off: import benchmarks before anything that loads openvino"
+        )
+    import openvino
+
+    return openvino
+
+
 def _openvino(model, example) -> Run:
     """Convert with OpenVINO's PyTorch frontend, every input dim dynamic; compile once, CPU, f32.
 
@@ -97,7 +120,7 @@ def _openvino(model, example) -> Run:
     reused for every call, with the inputs shared (zero-copy) and the outputs
     copied out, as ``CompiledModel.__call__`` would do.
     """
-    import openvino as ov
+    ov = import_openvino()
     import openvino.properties as props
     import openvino.properties.hint as hints
 

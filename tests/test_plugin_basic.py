@@ -71,6 +71,19 @@ def test_inputs_pass_by_position_or_keyword_whichever_the_example_used():
         by_position(x, y, z=y)
 
 
+def test_a_forward_with_star_args_compiles_and_names_its_inputs():
+    class Rest(torch.nn.Module):
+        def forward(self, x, *rest):
+            return x + rest[0] * rest[1]
+
+    model = Rest().eval()
+    opt = anyshape.optimize(model, (torch.randn(3, 4), torch.randn(3, 4), torch.randn(1, 4)))
+    a, b, c = torch.randn(5, 2), torch.randn(5, 2), torch.randn(1, 2)
+    torch.testing.assert_close(opt(a, b, c), model(a, b, c))
+    with pytest.raises(anyshape.InputError, match=r"expects 3 inputs \(x, rest_0, rest_1\)"):
+        opt(x=a, z=b)  # rest has no names: not rearranged, and the error names what is wanted
+
+
 def test_unsupported_op_falls_back_with_reason_and_location():
     class WithSort(torch.nn.Module):
         def forward(self, x):

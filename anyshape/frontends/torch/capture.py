@@ -62,10 +62,18 @@ def _auto_dynamic(value):
 
 def default_dynamic_shapes(model, args: tuple, kwargs: dict):
     """Every dim of every tensor input dynamic, keyed the way torch.export expects."""
-    if not kwargs:
+    try:
+        sig = inspect.signature(getattr(model, "forward", model))
+    except (TypeError, ValueError):  # no signature to read: positions as given
         return tuple(_auto_dynamic(a) for a in args)
-    sig = inspect.signature(model.forward)
+    variadic = {p.kind for p in sig.parameters.values()} & {
+        inspect.Parameter.VAR_POSITIONAL,
+        inspect.Parameter.VAR_KEYWORD,
+    }
+    if not kwargs and not variadic:
+        return tuple(_auto_dynamic(a) for a in args)
     bound = sig.bind_partial(*args, **kwargs)
+    # torch.export wants `*rest` as a tuple and `**extra` as a dict, as forward receives them
     return {name: _auto_dynamic(v) for name, v in bound.arguments.items()}
 
 
@@ -98,19 +106,26 @@ def needs_widening(value) -> bool:
     return any(isinstance(t, torch.Tensor) and any(n < 2 for n in t.shape) for t in leaves)
 
 
+class _SizeOneSpecialization(logging.Filter):
+    """Drops torch.export's warning for each example dim of size 1 that it keeps static
+    though marked ``Dim.AUTO`` (an attention mask's [b, 1, 1, s]). When anyshape marked
+    the dims itself, the message would blame the user; the graph's types and
+    ``explain()`` show which dims are static."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "0/1 specialized" not in record.getMessage()
+
+
 @contextlib.contextmanager
-def _quiet_specialization_log():
-    """torch.export logs a warning for each example dim of size 1 that it keeps static
-    though marked ``Dim.AUTO`` (an attention mask's [b, 1, 1, s]). anyshape marks every
-    dim itself, so the message would blame the user; the graph's types and ``explain()``
-    show which dims are static."""
+def _quiet_specialization_log(quiet: bool):
     logger = logging.getLogger("torch._export.non_strict_utils")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
+    dropped = _SizeOneSpecialization()
+    if quiet:
+        logger.addFilter(dropped)
     try:
         yield
     finally:
-        logger.setLevel(level)
+        logger.removeFilter(dropped)
 
 
 def capture_export(
@@ -118,10 +133,11 @@ def capture_export(
 ) -> Captured:
     """torch.export + decomposition to core ATen, with actionable errors."""
     kwargs = kwargs or {}
-    if dynamic_shapes is None:
+    ours = dynamic_shapes is None
+    if ours:
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
     try:
-        with torch.no_grad(), _quiet_specialization_log():
+        with torch.no_grad(), _quiet_specialization_log(ours):
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
