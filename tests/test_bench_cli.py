@@ -53,6 +53,19 @@ def test_bench_writes_results_for_a_micrograph(tmp_path):
     assert "| layernorm | anyshape |" in table and "ratio vs eager" in table
 
 
+def _quick(runner, workload: str, backends: list[str], requests: int, **extra):
+    """Settings for an in-process run of one workload: quick configs, no probes, silent."""
+    return runner.Settings(
+        workloads=[workload],
+        backends=backends,
+        requests=requests,
+        quick=True,
+        probe=False,
+        progress=False,
+        **extra,
+    )
+
+
 def test_a_failing_backend_is_reported_not_raised(monkeypatch):
     _, report, runner, _ = cli._import_benchmarks()
     real = runner.backends()
@@ -62,15 +75,7 @@ def test_a_failing_backend_is_reported_not_raised(monkeypatch):
 
     table = {"eager": real["eager"], "broken": runner.Backend("broken", "fails", broken, int)}
     monkeypatch.setattr(runner, "backends", lambda _name: table)
-    settings = runner.Settings(
-        workloads=["softmax"],
-        backends=["eager", "broken"],
-        requests=2,
-        quick=True,
-        probe=False,
-        progress=False,
-    )
-    results = runner.run(settings)
+    results = runner.run(_quick(runner, "softmax", ["eager", "broken"], 2))
     failed = results["workloads"]["softmax"]["results"][1]
     assert failed["backend"] == "broken" and failed["total_s"] is None
     assert "RuntimeError: cannot compile this" in failed["error"]
@@ -93,15 +98,8 @@ def test_openvino_compiles_once_and_matches_eager_at_new_shapes(monkeypatch):
         return real_compile(*args, **kwargs)
 
     monkeypatch.setattr(openvino, "compile_model", counting)
-    settings = runner.Settings(
-        workloads=["bert"],
-        backends=["eager", "openvino"],
-        requests=3,
-        quick=True,
-        probe=False,
-        progress=False,
-        ranges={"text": [(1, 3), (8, 40)]},  # the example is 2 x 16: these are new shapes
-    )
+    # the example is 2 x 16: these are new shapes
+    settings = _quick(runner, "bert", ["eager", "openvino"], 3, ranges={"text": [(1, 3), (8, 40)]})
     section = runner.run(settings)["workloads"]["bert"]
     assert len({tuple(s) for s in section["shapes"]}) >= 2, section["shapes"]
     assert [s for s in section["shapes"] if s != section["example_shape"]]
