@@ -94,11 +94,9 @@ def import_openvino():
     Google Analytics from a process it forks off a thread: a network call at run
     time, and a fork that deadlocked a test worker in OpenBLAS's fork handler.
     OpenVINO uses its own no-op stub when ``openvino_telemetry`` cannot be
-    imported, so that import is blocked before OpenVINO first loads (importing
-    ``benchmarks`` does it).
+    imported; importing ``benchmarks`` blocks that import, and this checks that it
+    came first.
     """
-    if "openvino" not in sys.modules:
-        sys.modules.setdefault("openvino_telemetry", None)
     if sys.modules.get("openvino_telemetry") is not None:
         raise RuntimeError(
             "OpenVINO was imported with its telemetry on before the benchmarks could turn it "

@@ -526,10 +526,12 @@ def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate:
 
 
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
+    tail = ""
     if id(root) in sched.stitches:
-        from .stitch_emit import StitchScope, emit_stitch
+        from .stitch_emit import StitchScope, emit_stitch, row_tail
 
         scope = StitchScope(sched, buffer_of, root)
+        tail = row_tail(root.shape[-1])
 
         def emit():
             return emit_stitch(scope, root, sched.stitches[id(root)])
@@ -567,14 +569,4 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
     head += [f"const int64_t D_{k} = D[{k}];" for k in range(len(scope.ints))]
     head.append("int err_flag = 0; int* err = &err_flag; (void)err;")
     body = "\n".join(head + lines + ["return err_flag;"])
-    tail = ""
-    if getattr(scope, "tails", False):
-        from .stitch_emit import TAIL_LANES
-
-        n = root.shape[-1]
-        if isinstance(n, int):
-            tail = f"rows of {n}: the last {n % TAIL_LANES} elements as one masked block"
-        else:
-            n = format_dim(n)
-            tail = f"{n} % {TAIL_LANES} != 0: the last {n} % {TAIL_LANES} as one masked block"
     return Kernel(body, scope.ptrs, scope.ints, root, variants, tail)

@@ -109,7 +109,7 @@ def emit_pool_channels_last(scope, root: Node, nest_open, nest_close) -> list[st
         f"  {t}* o = ({t}*){po} + ((i0 * {OH} + i1) * {OW} + ow) * {C};",
         "  #pragma omp simd",
         f"  for (int64_t c = 0; c < {C}; ++c) o[c] = {init};",
-        "  int64_t taps = 0;",
+        *(["  int64_t taps = 0;"] if kind == "avg" else []),
         f"  for (int64_t ky = 0; ky < {kh}; ++ky) {{",
         f"    const int64_t iy = i1 * {sh} - {ph} + ky * {dh};",
         f"    if (iy < 0 || iy >= {H}) continue;",
@@ -117,7 +117,7 @@ def emit_pool_channels_last(scope, root: Node, nest_open, nest_close) -> list[st
         f"      const int64_t ix = ow * {sw} - {pw} + kx * {dw};",
         f"      if (ix < 0 || ix >= {W}) continue;",
         f"      const {t}* s = (const {t}*){px} + ((i0 * {H} + iy) * {W} + ix) * {C};",
-        "      ++taps;",
+        *(["      ++taps;"] if kind == "avg" else []),
         "      #pragma omp simd",
         f"      for (int64_t c = 0; c < {C}; ++c) {{ const {t} v = s[c]; {step} }}",
         "    }",
@@ -130,8 +130,6 @@ def emit_pool_channels_last(scope, root: Node, nest_open, nest_close) -> list[st
             "  #pragma omp simd",
             f"  for (int64_t c = 0; c < {C}; ++c) o[c] *= scale;",
         ]
-    else:
-        body.append("  (void)taps;")
     body.append("}")
     lines += ["    " + ln for ln in body]
     nest_close(len(names), lines)

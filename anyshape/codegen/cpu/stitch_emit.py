@@ -12,6 +12,7 @@ exp of softmax) are recomputed rather than stored: the row is in cache.
 from __future__ import annotations
 
 from ...ir.graph import Node
+from ...ir.symbolic import format_dim
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .hoist import hoist_invariants
@@ -35,6 +36,17 @@ from .kernels import (
 TAIL_LANES = 16
 
 
+def row_tail(n) -> str:
+    """What ``explain()`` says of the masked tail of rows of ``n`` (a stitch kernel's row
+    loops, see ``StitchScope.row_loop``); empty when every row is whole vectors."""
+    if isinstance(n, int):
+        if n % TAIL_LANES == 0:
+            return ""
+        return f"rows of {n}: the last {n % TAIL_LANES} elements as one masked block"
+    n = format_dim(n)
+    return f"{n} % {TAIL_LANES} != 0: the last {n} % {TAIL_LANES} as one masked block"
+
+
 class StitchScope(KernelScope):
     """A kernel scope where an unstored reduction is computed in place, over its row.
 
@@ -55,7 +67,6 @@ class StitchScope(KernelScope):
         self.slots_read: set[int] = set()  # slots a later loop reads back
         self.row_loops: set[str] = set()  # index names of loops over a whole row
         self.row_values: set[str] = set()  # C names of per-row values (reductions, ...)
-        self.tails = False  # whether a row loop has a masked tail (for the description)
 
     def begin_variant(self, speculate: bool, split: bool) -> None:
         super().begin_variant(speculate, split)
@@ -91,11 +102,9 @@ class StitchScope(KernelScope):
         stores to the row buffer are computed, not read back, in both copies. The row's
         store pass (``pragma`` empty) keeps GCC's own tail, guarded scalar stores: marked
         ``omp simd``, its masked vector stores made rows of 24 take 1.9x as long."""
-        static = self.row_len if isinstance(self.row_len, int) else None
         head = [f"#pragma omp simd {pragma}".rstrip()] if pragma else []
-        if static is not None and static % TAIL_LANES == 0:
+        if not row_tail(self.row_len):
             return [*head, f"for (int64_t {var} = 0; {var} < {n}; ++{var}) {{", *body, "}"]
-        self.tails = True
         nv = f"({n} & ~(int64_t){TAIL_LANES - 1})"
         header = f"for (int64_t {var} = 0; {var} < {nv}; ++{var}) {{"
         # Invariants move out of the vector loop here, so the tail reads them too.
