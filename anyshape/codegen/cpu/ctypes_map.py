@@ -43,6 +43,13 @@ def compute_type(dt: DType) -> str:
     return COMPUTE_TYPE[dt]
 
 
+def rounded(dt: DType, expr: str) -> str:
+    """``expr`` (computed in float) rounded to ``dt`` when f16 stores narrower than it
+    computes: each f16 op eager runs rounds its result to half, so a fused chain must too
+    ((x - m) * s differed from eager in 1 element of 6 without it)."""
+    return f"((float)(_Float16)({expr}))" if dt is DType.f16 else expr
+
+
 def literal(value, dt: DType) -> str:
     """A C++ literal of ``value`` in the compute type of ``dt``."""
     if dt.is_bool:

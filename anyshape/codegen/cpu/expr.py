@@ -20,7 +20,7 @@ import math
 from ...errors import UnsupportedError
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim
-from .ctypes_map import c_type, compute_type, literal
+from .ctypes_map import c_type, compute_type, literal, rounded
 from .schedule import Schedule
 
 UNARY = {
@@ -76,6 +76,8 @@ BINARY = {
     "ge": "({0} >= {1})",
 }
 BOOL_LOGIC = {"and": "({0} && {1})", "or": "({0} || {1})", "xor": "({0} != {1})"}
+# Ops that compute a new value (not an index op passing one through): f16 results round.
+ROUNDING_OPS = {*UNARY, *BINARY, "div", "rem", "convert"}
 
 
 class KernelScope:
@@ -156,12 +158,14 @@ class KernelScope:
             args.append(v)
         t = compute_type(x.dtype)
         if x.op == "convert":
-            return f"({args[0]} != 0)" if x.dtype.is_bool else f"(({t})({args[0]}))"
+            if x.dtype.is_bool:
+                return f"({args[0]} != 0)"
+            return rounded(x.dtype, f"(({t})({args[0]}))")
         if x.op in UNARY:
-            return UNARY[x.op].format(args[0], t=t)
+            return rounded(x.dtype, UNARY[x.op].format(args[0], t=t))
         if x.op in BINARY:
             logic = x.inputs[0].dtype.is_bool and x.op in BOOL_LOGIC
-            return (BOOL_LOGIC if logic else BINARY)[x.op].format(*args)
+            return rounded(x.dtype, (BOOL_LOGIC if logic else BINARY)[x.op].format(*args))
         if x.op == "select":
             return f"({args[0]} ? {args[1]} : {args[2]})"
         return None
@@ -180,6 +184,8 @@ class KernelScope:
             expr = self.load(node, idx)
         else:
             expr = self._fused(node, tuple(idx))
+            if node.op in ROUNDING_OPS:
+                expr = rounded(node.dtype, expr)
         if not _is_simple(expr):
             expr = self.tmp(compute_type(node.dtype), expr)
         self.memo[key] = expr

@@ -297,6 +297,8 @@ def _emit_argreduce(scope: KernelScope, root: Node) -> list[str]:
     idx = list(out_names[:axis]) + ["r"] + list(out_names[axis:])
     better = ">" if kind == "argmax" else "<"
     t = compute_type(x.dtype)
+    # Eager refuses an empty reduced dim, even when the result is empty too.
+    lines.insert(0, f"if ({scope.dim(x.shape[axis])} == 0) return 5;")
     inner = [
         f"{t} best = 0; int64_t arg = 0;",
         f"for (int64_t r = 0; r < {scope.dim(x.shape[axis])}; ++r) {{",
@@ -525,6 +527,21 @@ def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate:
     return out, [" and ".join(texts + [f"{cond}: {what}"]), many]
 
 
+def _window_refusal(scope: KernelScope, root: Node) -> list[str]:
+    """Eager refuses a pool or convolution over an empty spatial dim, or whose window is
+    larger than the padded input (an output size below 1): an error, as there, not an
+    empty result (and never a window read outside the input)."""
+    if root.op not in ("pool", "convolution"):
+        return []
+    x = root.inputs[0]
+    nsp = len(root.attr("kernel")) if root.op == "pool" else x.rank - 2
+    last = 1 if root.attr("channels_last", False) else 0
+    first = x.rank - nsp - last
+    sizes = [*x.shape[first : first + nsp], *root.shape[first : first + nsp]]
+    conds = [f"{scope.dim(d)} <= 0" for d in sizes if not (isinstance(d, int) and d > 0)]
+    return [f"if ({' || '.join(conds)}) return 6;"] if conds else []
+
+
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
     tail = ""
     if id(root) in sched.stitches:
@@ -543,6 +560,7 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
 
     scope.ptr(root)  # the output is P[0]
     scope.element_cost = element_cost(sched, root)
+    refuse = _window_refusal(scope, root)
     lines = emit()
     speculated = id(root) in sched.stitches or root.op in SPECULATED or root.op not in EMITTERS
     if scope.may_broadcast and speculated:
@@ -568,5 +586,5 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
     # attention softmax).
     head += [f"const int64_t D_{k} = D[{k}];" for k in range(len(scope.ints))]
     head.append("int err_flag = 0; int* err = &err_flag; (void)err;")
-    body = "\n".join(head + lines + ["return err_flag;"])
+    body = "\n".join(head + refuse + lines + ["return err_flag;"])
     return Kernel(body, scope.ptrs, scope.ints, root, variants, tail)

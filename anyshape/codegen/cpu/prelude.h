@@ -127,6 +127,8 @@ static const char* as_kernel_error(int code) {
        : code == 2 ? "integer division by zero"
        : code == 3 ? "out of memory for kernel scratch space"
        : code == 4 ? "oneDNN failed on a convolution it had run on an earlier image of the batch"
+       : code == 5 ? "Expected reduction dim to have non-zero size (argmax/argmin of an empty dim)"
+       : code == 6 ? "input too small: an empty spatial dim, or a window larger than the padded input"
        : "kernel error";
 }
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ...ir.graph import Node
 from ...ir.symbolic import format_dim
-from .ctypes_map import c_type, compute_type
+from .ctypes_map import c_type, compute_type, rounded
 from .expr import KernelScope
 from .hoist import hoist_invariants
 from .kernels import (
@@ -180,7 +180,7 @@ class StitchScope(KernelScope):
             lines.append(f'if ({acc}_nan) {acc} = ({acc_t})__builtin_nan("");')
         self.lines += lines
         ct = compute_type(n.dtype)
-        return acc if acc_t == ct else f"(({ct}){acc})"
+        return acc if acc_t == ct else rounded(n.dtype, f"(({ct}){acc})")
 
 
 def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[str]:
@@ -213,11 +213,13 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
             "  const int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;",
         ]
     if rows:
-        # The first row's indices, then each row steps them like an odometer.
+        # The first row's indices, then each row steps them like an odometer. An extent
+        # may be 0 (no rows, so lo == hi and no row runs): it must not divide.
         rest = "lo"
         for k in range(len(rows) - 1, -1, -1):
-            lines.append(f"  int64_t {rows[k]} = {rest}" + (f" % ({extents[k]});" if k else ";"))
-            rest = f"{rest} / ({extents[k]})" if k else rest
+            e = extents[k]
+            lines.append(f"  int64_t {rows[k]} = {f'({e}) ? {rest} % ({e}) : 0' if k else rest};")
+            rest = f"(({e}) ? {rest} / ({e}) : 0)" if k else rest
 
     def row():
         for b in broadcasts:  # the reductions, once per row (memoized for the loop below)
@@ -238,7 +240,9 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
     body = [ln for ln in body if ln.strip() not in unread]
     buffered = len(scope.row_slots) if scope.slots_read else 0
     if buffered:
-        lines.append(f"  {t}* rb = ({t}*)as_scratch((int64_t)sizeof({t}) * {buffered} * {n});")
+        # At least one element: an empty row asks for 0 bytes, which the arena refuses.
+        size = f"(int64_t)sizeof({t}) * {buffered} * as_max64({n}, 1)"
+        lines.append(f"  {t}* rb = ({t}*)as_scratch({size});")
         lines.append("  if (!rb) err_flag = 3;" if rows else "  if (!rb) return 3;")
     if rows:
         guard = "rb && " if buffered else ""

@@ -94,15 +94,23 @@ def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
 _MAX = (aten.amax.default, aten.max.default, aten.max.dim)
 
 
+def _nonempty(ctx, x, axes) -> None:
+    """Eager refuses max/min over an empty dim (no identity): checked before each call."""
+    for a in axes:
+        ctx.b.constraints.guard_le(1, x.shape[a], f"{ctx.node.target}: reduced dim {a} non-empty")
+
+
 @lowering(aten.amax.default, aten.amin.default, aten.max.default, aten.min.default)
 def _extreme(ctx, x, dim=(), keepdim=False):
     kind = "max" if ctx.node.target in _MAX else "min"
+    _nonempty(ctx, x, axes_of(dim, x.rank))
     return _finish(ctx, reduce_axes(ctx, kind, x, axes_of(dim, x.rank)))
 
 
 @lowering(aten.max.dim, aten.min.dim)
 def _extreme_dim(ctx, x, dim, keepdim=False):
     kind = "max" if ctx.node.target in _MAX else "min"
+    _nonempty(ctx, x, axes_of(dim, x.rank))
     values = reduce_axes(ctx, kind, x, axes_of(dim, x.rank))
     return _finish(ctx, values, 0), _finish(ctx, _argreduce(ctx, "arg" + kind, x, dim), 1)
 
