@@ -53,6 +53,8 @@ class ModelPrologue:
         for name, t in zip(self.names, inputs):
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"input {name!r} must be a tensor, got {type(t).__name__}")
+            if t.device.type != "cpu":
+                raise InputError(f"input {name!r} is on device {t.device}, expected cpu")
             if t.dtype not in TORCH_TO_DTYPE:
                 raise InputError(f"input {name!r} has unsupported dtype {t.dtype}")
             shapes.append(tuple(t.shape))

@@ -180,6 +180,9 @@ class StandaloneModel:
 
     def _as_array(self, k: int, value) -> np.ndarray:
         name = self.input_names[k]
+        device = getattr(value, "device", None)
+        if getattr(device, "type", "cpu") != "cpu":
+            raise InputError(f"input {name!r} is on device {device}, expected cpu")
         if hasattr(value, "__dlpack__"):
             try:
                 return np.from_dlpack(value)
