@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from .errors import AnyshapeError
+from .runtime.native import KernelError
 from .standalone.commands import add_parsers as add_standalone_parsers
 from .standalone.commands import dispatch as standalone_command
 
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         return bench(ap, args, " ".join(["anyshape", *argv]))
     try:
         return standalone_command(args)
-    except AnyshapeError as e:
+    except (AnyshapeError, KernelError) as e:  # one line: the message says it all
         print(f"anyshape {args.command}: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
 

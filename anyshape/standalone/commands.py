@@ -36,7 +36,9 @@ def add_parsers(sub) -> None:
     run = sub.add_parser(
         "run",
         help="run an artifact on random inputs; print output shapes and timing",
-        description="Dims not given with --shape are taken from the inputs that share them.",
+        description="Dims not given with --shape are taken from the inputs that share them; "
+        "a dim no input shares takes the size at the same position of a given input of "
+        "the same rank.",
     )
     run.add_argument("artifact")
     run.add_argument(
@@ -44,7 +46,7 @@ def add_parsers(sub) -> None:
         action="append",
         default=[],
         metavar="NAME=2x17",
-        help="an input's shape (repeatable); needed for each dynamic dim not shared",
+        help="an input's shape (repeatable); other inputs follow the dims they share",
     )
     run.add_argument("--repeat", type=int, default=10, help="timed calls (default %(default)s)")
     run.add_argument(
@@ -98,7 +100,10 @@ def run_cmd(args) -> int:
             raise SystemExit(
                 f"anyshape run: --shape {text!r}: the inputs are {', '.join(model.input_names)}"
             )
-    shapes = input_shapes(model.manifest, given)
+    notes: list[str] = []
+    shapes = input_shapes(model.manifest, given, notes)
+    for note in notes:
+        print(f"note: {note}")
     rng = np.random.default_rng(args.seed)
     arrays = []
     for dt, shape in zip(model.input_dtypes, shapes):
@@ -125,8 +130,13 @@ def run_cmd(args) -> int:
     return 0
 
 
-def input_shapes(manifest, given: dict[str, tuple[int, ...]]) -> list[tuple[int, ...]]:
-    """Every input's shape: given ones as they are, the rest from the symbols they share."""
+def input_shapes(manifest, given: dict[str, tuple[int, ...]], notes=None) -> list[tuple[int, ...]]:
+    """Every input's shape: given ones as they are, the rest from the symbols they share.
+
+    A symbol that no given shape carries (a mask's batch dim, free to be 1 or to
+    broadcast) takes the size at the same position of a given input of the same
+    rank; each such choice is appended to ``notes``.
+    """
     env: dict[str, int] = {}
     for rec in manifest.inputs:
         if rec.name in given:
@@ -139,6 +149,9 @@ def input_shapes(manifest, given: dict[str, tuple[int, ...]]) -> list[tuple[int,
             for dim, n in zip(rec.dims, shape):
                 if dim.isidentifier():
                     env.setdefault(dim, n)
+    for rec in manifest.inputs:
+        if rec.name not in given:
+            _assume_untied_dims(manifest, given, rec, env, notes)
     out = []
     for rec in manifest.inputs:
         if rec.name in given:
@@ -152,6 +165,21 @@ def input_shapes(manifest, given: dict[str, tuple[int, ...]]) -> list[tuple[int,
                 f"[{', '.join(rec.dims)}] are not all known from the other shapes"
             ) from None
     return out
+
+
+def _assume_untied_dims(manifest, given, rec, env: dict[str, int], notes) -> None:
+    """Bind ``rec``'s bare symbols no shape gave to a same-rank given input's sizes."""
+    like = [r for r in manifest.inputs if r.name in given and len(r.dims) == len(rec.dims)]
+    if not like:
+        return
+    for d, dim in enumerate(rec.dims):
+        if dim.isidentifier() and dim not in env:
+            env[dim] = given[like[0].name][d]
+            if notes is not None:
+                notes.append(
+                    f"{rec.name} dim {d} ({dim}) is not tied to a given shape: "
+                    f"{env[dim]}, as {like[0].name} dim {d}"
+                )
 
 
 def dispatch(args: argparse.Namespace) -> int:
