@@ -102,11 +102,14 @@ class OptimizedModule(torch.nn.Module):
             self._weights_watch = WeightsWatch.attach(model, self.report.clusters)
 
     @classmethod
-    def restored(cls, direct, in_spec, report: CompileReport, name: str) -> OptimizedModule:
-        """A module from the model cache: the direct call path only, no FX graph."""
+    def restored(
+        cls, direct, in_spec, report: CompileReport, graph_module, name: str
+    ) -> OptimizedModule:
+        """A module from the model cache: the direct call path, and the ``graph_module``
+        (holding the model's tensors) a cold compile would have."""
         module = cls.__new__(cls)
         torch.nn.Module.__init__(module)
-        module.graph_module = None
+        module.graph_module = graph_module
         module.report = report
         module._name = name
         module._names = list(direct.prologue.names)

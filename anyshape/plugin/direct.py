@@ -171,3 +171,39 @@ def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
         KernelError,
         library,  # owns main, free and params
     )
+
+
+def graph_module_of(plan: DirectPlan, in_spec, orig_args: list[str], state) -> fx.GraphModule:
+    """The ``GraphModule`` a cold compile assembles for ``plan`` (prologue, cluster,
+    outputs), holding ``state``: ``(qualified name, tensor, is parameter, persistent)``
+    in ``state_dict`` order, so ``parameters()`` and ``state_dict()`` list the same."""
+    graph = fx.Graph()
+    graph._codegen = fx.graph._PyTreeCodeGen(
+        fx.graph._PyTreeInfo(list(orig_args), in_spec, plan.out_spec)
+    )
+    inputs = [graph.placeholder(name) for name in plan.prologue.names]
+    graph.call_function(plan.prologue, tuple(inputs))
+    call = graph.call_function(plan.cluster, tuple(inputs[i] for i in plan.order))
+    call.name = plan.cluster.graph.name
+    values = [
+        graph.call_function(operator.getitem, (call, v))
+        if kind == "cluster"
+        else inputs[v]
+        if kind == "input"
+        else v
+        for kind, v in plan.outputs
+    ]
+    graph.output(tuple(values))
+    gm = fx.GraphModule(torch.nn.Module(), graph)
+    for name, tensor, is_parameter, persistent in state:
+        *path, leaf = name.split(".")
+        owner = gm
+        for part in path:
+            if not hasattr(owner, part):
+                owner.add_module(part, torch.nn.Module())
+            owner = getattr(owner, part)
+        if is_parameter:
+            owner.register_parameter(leaf, tensor)
+        else:
+            owner.register_buffer(leaf, tensor, persistent=persistent)
+    return gm

@@ -5,9 +5,11 @@ Sits around ``api.optimize``. Capture (torch.export) is most of a compile (6 of
 library). For a model that compiled into one cluster called directly
 (``plugin.direct``), the entry keeps what a call needs: the cluster's IR after
 the pass pipeline (printed text), the model prologue (input specs, symbol
-ranges, guards), the output structure and any constants not found on the model.
-Weights are not stored: they are read from the live model by name, so new
-weight values need no new entry.
+ranges, guards), the output structure, any constants not found on the model, and the names of
+the parameters and buffers the cold module holds. Weights are not stored: they
+are read from the live model by name, so new weight values need no new entry,
+and a restored module holds the live tensors (``parameters()``,
+``state_dict()`` and ``graph_module`` look as after a cold compile).
 
 The key fingerprints what decides the captured graph without running it: the
 source of every module class in the model, every module's plain attributes
@@ -46,10 +48,10 @@ from ..ir.symbolic import format_dim, parse_expr
 from ..runtime.binder import InputSpec, ShapeBinder
 from .compile import ClusterInfo, CompileReport, ModelPrologue
 from .compiled_cluster import CompiledCluster
-from .direct import DirectPlan
+from .direct import DirectPlan, graph_module_of
 from .weights_watch import resolve_tensor
 
-FORMAT = 2
+FORMAT = 3
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -147,6 +149,9 @@ def store(key: str, model, module) -> None:
     for name, value in cluster.graph.params.items():
         if resolve_tensor(model, name) is None:
             constants[name] = value
+    state = _state_of(model, module.graph_module)
+    if state is None:
+        return
     binder = direct.prologue.binder
     entry = {
         "graph": print_graph(cluster.graph),
@@ -163,6 +168,8 @@ def store(key: str, model, module) -> None:
         "aten_ops": report.clusters[0].aten_ops,
         "facts": report.facts,
         "constants": sorted(constants),
+        "orig_args": list(module.graph_module.graph._codegen.pytree_info.orig_args),
+        "state": state,
         # The CPU translation unit: a restored model builds (or finds) it without emitting.
         "program": dataclasses.asdict(cluster.native.program) if cluster.native else None,
     }
@@ -178,8 +185,32 @@ def store(key: str, model, module) -> None:
         return  # a cache that cannot be written is only a slower next start
 
 
+def _state_of(model, gm) -> list | None:
+    """``[name, is parameter, persistent]`` for each tensor ``gm`` holds, in
+    ``state_dict`` order; None unless every one is the live model's own tensor."""
+    persistent = set(gm.state_dict(keep_vars=True))
+    tensors = [
+        *[(n, t, True) for n, t in gm.named_parameters(remove_duplicate=False)],
+        *[(n, t, False) for n, t in gm.named_buffers(remove_duplicate=False)],
+    ]
+    order = {n: k for k, n in enumerate(gm.state_dict(keep_vars=True))}
+    tensors.sort(key=lambda item: order.get(item[0], len(order)))
+    if any(resolve_tensor(model, n) is not t for n, t, _ in tensors):
+        return None  # a tensor only the capture holds: a restore could not list it
+    return [[n, is_parameter, n in persistent] for n, _, is_parameter in tensors]
+
+
+def _graph_module(entry, model, direct, in_spec):
+    """The cold compile's ``GraphModule`` again, holding the live model's tensors."""
+    state = [(n, resolve_tensor(model, n), p, keep) for n, p, keep in entry["state"]]
+    if any(t is None or (p and not isinstance(t, torch.nn.Parameter)) for _, t, p, _ in state):
+        raise ValueError("the model no longer holds a tensor the entry names")
+    return graph_module_of(direct, in_spec, entry["orig_args"], state)
+
+
 def restore(key: str, model, options: Options):
-    """(direct plan, in_spec, report) from the entry for ``key``, or None (missing or unusable)."""
+    """(direct plan, in_spec, report, graph module) from the entry for ``key``, or None
+    (missing or unusable)."""
     from ..frontends.torch.lowering import tensor_to_numpy
 
     path = _entry_path(key)
@@ -228,7 +259,8 @@ def restore(key: str, model, options: Options):
             input_specs=specs,
             facts=entry["facts"] + ["restored from the model cache (capture skipped)"],
         )
-        return direct, pytree.treespec_loads(entry["in_spec"]), report
+        in_spec = pytree.treespec_loads(entry["in_spec"])
+        return direct, in_spec, report, _graph_module(entry, model, direct, in_spec)
     except Exception:  # a stale, partial or foreign entry: forget it, compile afresh
         drop(key)
         return None
