@@ -226,7 +226,8 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
 
 
 def _workspace(plan: MemoryPlan) -> list[str]:
-    """Size every workspace slot for this call and take the calling thread's workspace."""
+    """Size every workspace slot for this call and lease the calling thread's workspace
+    (the lease ends on every return: an outlier call's excess pages go back then)."""
     if not plan.slots:
         return []
     n = len(plan.slots)
@@ -236,7 +237,8 @@ def _workspace(plan: MemoryPlan) -> list[str]:
         lines.append(
             f"ws_offset[{k + 1}] = ws_offset[{k}] + as_round64({_fold('as_max64', sizes)});"
         )
-    lines.append(f"char* ws = (char*)as_workspace(ws_offset[{n}]);")
+    lines.append(f"AsWorkspaceLease ws_lease(ws_offset[{n}]);")
+    lines.append("char* ws = (char*)ws_lease.data;")
     lines.append(
         f'if (!ws) {{ snprintf(err, errlen, "out of memory for a %lld-byte workspace", '
         f"(long long)ws_offset[{n}]); return 2; }}"

@@ -10,8 +10,11 @@ Buffers join the free slot of provably equal size when there is one, else the
 free slot closest in size at a representative shape.
 
 The host program sizes the slots per call and takes the workspace from a
-per-thread arena that only grows, so steady-state calls allocate nothing but
-their outputs and concurrent calls on different threads never share memory.
+per-thread arena that grows, so steady-state calls allocate nothing but their
+outputs and concurrent calls on different threads never share memory. A call
+needing more than twice, and over 64 MiB more than, the largest of the last 16
+calls gives the pages past that mark back when it ends (``AsWorkspaceArena`` in
+``prelude.h``): one long sequence does not stay resident for the process's life.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sys/mman.h>
 #include <cblas.h>
 
 // Element helpers the kernels call per element are always inlined: a kernel compiled with
@@ -61,10 +62,52 @@ struct AsArena {
     return data;
   }
 };
-static void* as_workspace(int64_t bytes) {
-  static thread_local AsArena arena;
-  return arena.reserve(bytes);
+
+// The workspace arena also remembers the needs of its last AS_WS_HISTORY calls. A call
+// that needs more than twice their largest, and over AS_WS_OUTLIER bytes more, is an
+// outlier (one long sequence among short ones): when it ends, the pages past the
+// recent high-water mark go back to the OS (madvise(MADV_DONTNEED); they fault in
+// again, zeroed, if a later call needs them), so its memory does not stay resident for
+// the life of the process. Steady-state calls keep every page.
+#define AS_WS_HISTORY 16
+#define AS_WS_OUTLIER ((int64_t)64 << 20)
+struct AsWorkspaceArena {
+  AsArena arena;
+  int64_t recent[AS_WS_HISTORY] = {0};  // the needs of the last calls, a ring
+  int next = 0;
+  int64_t keep = -1;  // bytes to keep resident once the current call ends; -1: all
+  int64_t high_water() const {
+    int64_t m = 0;
+    for (int k = 0; k < AS_WS_HISTORY; ++k) m = recent[k] > m ? recent[k] : m;
+    return m;
+  }
+  void* begin_call(int64_t bytes) {
+    const int64_t hw = high_water();
+    keep = bytes > 2 * hw && bytes - hw > AS_WS_OUTLIER ? hw : -1;
+    recent[next] = bytes;
+    next = (next + 1) % AS_WS_HISTORY;
+    return arena.reserve(bytes);
+  }
+  void end_call() {
+    if (keep < 0 || !arena.data) return;
+    const uintptr_t page = 4096, start = (uintptr_t)arena.data;
+    const uintptr_t from = (start + (uintptr_t)keep + page - 1) / page * page;
+    const uintptr_t end = (start + (uintptr_t)arena.size) / page * page;
+    if (end > from) madvise((void*)from, end - from, MADV_DONTNEED);
+    keep = -1;
+  }
+};
+static AsWorkspaceArena& as_workspace_arena() {
+  static thread_local AsWorkspaceArena arena;
+  return arena;
 }
+// A call's hold on the calling thread's workspace: taken at the start of the call,
+// given back (an outlier's excess pages released) on every way out of it.
+struct AsWorkspaceLease {
+  void* data;
+  explicit AsWorkspaceLease(int64_t bytes) : data(as_workspace_arena().begin_call(bytes)) {}
+  ~AsWorkspaceLease() { as_workspace_arena().end_call(); }
+};
 static void* as_scratch(int64_t bytes) {
   static thread_local AsArena arena;
   return arena.reserve(bytes);
