@@ -73,6 +73,12 @@ def _broadcast(x, row, col):
     return x * row + col
 
 
+def _views(x):
+    a, b, c = x.shape
+    y = torch.sin(x).transpose(1, 2).reshape(a, c * b)
+    return y * 2, (x.reshape(a * b, c).t() + 1).reshape(c, a, b).sum(1)
+
+
 def _reductions(x):
     return x.sum(-1), x.mean(0), x.prod(1), x.var(-1), x.sum((0, 2)), x.amax(0)
 
@@ -191,6 +197,7 @@ FAMILIES: dict[str, Family] = {
             3,
             lambda d: (_randn(*d), _randn(d[2], seed=1), _randn(d[0], 1, 1, seed=2)),
         ),
+        Family("views", _fn(_views), 3, lambda d: (_randn(*d),)),
         Family("reduction", _fn(_reductions), 3, lambda d: (_randn(*d),), rtol=1e-3),
         Family("argmax", _fn(_argmax), 2, lambda d: (_randn(*d),)),
         Family("stitch", _fn(_stitch), 3, lambda d: (_randn(*d),)),
