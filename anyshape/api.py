@@ -16,7 +16,7 @@ import torch.utils._pytree as pytree
 from torch.nn.modules import module as _nn_module
 
 from .config import Options
-from .errors import AnyshapeError, InputError
+from .errors import AnyshapeError, CaptureError, InputError
 from .plugin.compile import CompileReport, compile_graph
 from .plugin.direct import FlatInputs, native_call, plan_direct
 from .plugin.explain import ExplainReport
@@ -259,6 +259,13 @@ _PYTHON_CALL = OptimizedModule.__call__  # the general path of the C __call__
 
 
 def _compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):
+    from .plugin.pytree_types import exportable_caches
+
+    with exportable_caches():
+        return _capture_and_compile(model, args, kwargs, dynamic_shapes, options)
+
+
+def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):
     from .frontends.torch.capture import capture_export, needs_widening, widen_example
 
     if dynamic_shapes is None and needs_widening((args, kwargs)):
@@ -320,9 +327,13 @@ def optimize(
     ``example_inputs`` is a tuple of positional inputs, a dict of keyword inputs,
     or ``(args, kwargs)``. Every dim is dynamic unless ``dynamic_shapes`` (as for
     ``torch.export``) says otherwise. Options: see ``anyshape.config.Options``.
+    A model torch.export cannot capture runs through TorchDynamo instead
+    (``plugin/dynamo_capture.py``): each graph compiled, graph breaks in PyTorch.
     """
     from .plugin import model_cache
+    from .plugin.pytree_types import register_model_types
 
+    register_model_types(model)  # (before the model cache: restored outputs may hold them)
     opts = Options.from_env(**options)
     if isinstance(model, torch.nn.Module):
         model.eval()
@@ -344,7 +355,14 @@ def optimize(
                 bump("compiled_ops", sum(module.report.clusters[0].aten_ops.values()))
                 return module
             model_cache.drop(key)
-    gm, report = _compile(model, args, kwargs, dynamic_shapes, opts)
+    try:
+        gm, report = _compile(model, args, kwargs, dynamic_shapes, opts)
+    except CaptureError as e:  # what torch.export cannot capture runs through TorchDynamo
+        from .plugin.dynamo_capture import DynamoModule
+
+        module = DynamoModule(model, str(e).splitlines()[0], opts, name)
+        module.warm_up(args, kwargs)
+        return module
     module = OptimizedModule(gm, report, name)
     module.watch_weights_of(model)
     module.bind_signature_of(model)

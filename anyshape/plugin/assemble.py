@@ -105,10 +105,13 @@ def assemble(
     placeholders = [n for n in new.nodes if n.op == "placeholder"]
     if prologue is not None and placeholders:
         with new.inserting_after(placeholders[-1]):
+            checked = getattr(prologue, "names", None)  # (inputs of unsupported dtypes: none)
             tensors = tuple(
                 n
                 for n in new.nodes
-                if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+                if n.op == "placeholder"
+                and isinstance(n.meta.get("val"), torch.Tensor)
+                and (checked is None or n.name in checked)
             )
             new.call_function(prologue, tensors)
     gm.graph = new

@@ -7,6 +7,7 @@ Counts one compilation per call in ``anyshape.stats()``.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +39,7 @@ class CompileReport:
     fallbacks: list[Fallback] = field(default_factory=list)
     input_specs: list[InputSpec] = field(default_factory=list)
     facts: list[str] = field(default_factory=list)
+    capture: list[str] = field(default_factory=list)  # how the model was captured, if not whole
 
 
 class ModelPrologue:
@@ -73,6 +75,8 @@ def _model_prologue(gm: fx.GraphModule, ranges, guards) -> ModelPrologue:
     names, specs = [], []
     for n in gm.graph.nodes:
         if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor):
+            if n.meta["val"].dtype not in TORCH_TO_DTYPE:
+                continue  # (complex, quantized...): only PyTorch ops read it, and check it
             ty = to_tensor_type(n.meta["val"])
             names.append(n.name)
             specs.append(InputSpec(n.name, ty.dtype, ty.shape))
@@ -94,6 +98,25 @@ def _add_guards(graph, guards) -> None:
     for g in guards:
         if (g.lhs.free_symbols | g.rhs.free_symbols) <= bound and str(g) not in known:
             graph.constraints.guards.append(g)
+
+
+def _cluster_fallbacks(nodes: list[fx.Node], reason: str) -> list[Fallback]:
+    return [Fallback(n, reason, source_location(n)) for n in nodes if is_tensor_node(n)]
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _warn_clusters_in_torch(failures: list[str]) -> None:
+    """One warning per compiled graph for clusters that failed to compile for a reason
+    other than an unsupported op (those are expected; explain() lists both)."""
+    warnings.warn(
+        f"anyshape: {len(failures)} cluster(s) failed to compile and run in PyTorch "
+        f"instead (first: {failures[0]}); explain() lists them",
+        stacklevel=3,
+    )
 
 
 def compile_graph(
@@ -118,7 +141,7 @@ def compile_graph(
     gm.recompile()
     plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
     report = CompileReport(fallbacks=list(plan.fallbacks))
-    built = []
+    built, failures = [], []
     sources = symbol_sources(gm)
     for nodes in plan.clusters:
         name = f"cluster{len(built)}"
@@ -130,11 +153,12 @@ def compile_graph(
             if unbound:
                 raise UnsupportedError(f"needs data-dependent sizes {unbound}")
         except UnsupportedError as e:
-            report.fallbacks += [
-                Fallback(n, f"cluster failed to compile: {e}", source_location(n))
-                for n in nodes
-                if is_tensor_node(n)
-            ]
+            report.fallbacks += _cluster_fallbacks(nodes, f"cluster failed to compile: {e}")
+            continue
+        except Exception as e:  # a pass, backend or C++ compiler failure: PyTorch runs it
+            why = f"cluster failed to compile ({type(e).__name__}: {_first_line(e)})"
+            report.fallbacks += _cluster_fallbacks(nodes, why)
+            failures.append(why)
             continue
         built.append((nodes, lowered.inputs, lowered.outputs, compiled))
         ops: dict[str, int] = {}
@@ -144,6 +168,8 @@ def compile_graph(
         report.clusters.append(ClusterInfo(name, ops, compiled))
         if options.debug >= 2:
             print(compiled.graph)
+    if failures:
+        _warn_clusters_in_torch(failures)
     prologue = None
     if with_prologue:
         prologue = _model_prologue(gm, ranges, list(guards))

@@ -40,6 +40,9 @@ class ExplainReport:
         if r.input_specs:
             lines.append("inputs:")
             lines += [f"  {s.name}: {s.describe()}" for s in r.input_specs]
+        if r.capture:
+            lines.append("capture:")
+            lines += [f"  {c}" for c in r.capture]
         if r.facts:
             lines.append("shape facts: " + "; ".join(r.facts))
         lines.append(

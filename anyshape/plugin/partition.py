@@ -65,11 +65,19 @@ class _Support(OperatorSupportBase):
         return node in self.verdicts and self.verdicts[node] is None
 
 
+def _verdict(node: fx.Node) -> str | None:
+    """``check_supported``, with an internal error in it a reason to run the op in PyTorch."""
+    try:
+        return check_supported(node)
+    except Exception as e:  # an anyshape bug must not stop the model from compiling
+        return f"internal error checking the lowering ({type(e).__name__}: {e})"
+
+
 def plan_partitions(gm: fx.GraphModule, min_cluster_ops: int = 1) -> PartitionPlan:
     verdicts: dict[fx.Node, str | None] = {}
     for node in gm.graph.nodes:
         if is_op_node(node):
-            verdicts[node] = check_supported(node)
+            verdicts[node] = _verdict(node)
     partitioner = CapabilityBasedPartitioner(
         gm, _Support(verdicts), allows_single_node_partition=True
     )
