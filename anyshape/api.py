@@ -154,8 +154,35 @@ class OptimizedModule(torch.nn.Module):
                 return result
         return self._forward_python(*args, **kwargs)
 
+    _guard_variants = None  # GuardVariants, once recompiles_on_guard_failure() ran
+
+    def recompiles_on_guard_failure(self, model, dynamic_shapes, options: Options) -> None:
+        """Compile ``model`` again for a call that fails a guard of this graph (a case
+        its capture did not see) instead of refusing it; see ``plugin/guard_variants.py``."""
+        from .plugin.guard_variants import GuardVariants
+
+        def compile_variant(args, kwargs):
+            gm, report = _compile(model, args, kwargs, dynamic_shapes, options)
+            variant = OptimizedModule(gm, report, self._name)
+            variant.watch_weights_of(model)
+            variant.bind_signature_of(model)
+            return variant
+
+        self._guard_variants = GuardVariants(compile_variant, self.report.facts)
+
     def _forward_python(self, *args, **kwargs):
-        """``forward`` past the native call (which declined these inputs, or is absent)."""
+        """``forward`` past the native call (which declined these inputs, or is absent);
+        a call outside this graph's guards runs the guard variant for its case."""
+        try:
+            return self._forward_checked(*args, **kwargs)
+        except InputError as e:
+            from .plugin.guard_variants import failed_guard
+
+            if self._guard_variants is None or not failed_guard(e):
+                raise
+            return self._guard_variants(e, args, kwargs)
+
+    def _forward_checked(self, *args, **kwargs):
         flat = self._flat_inputs(args, kwargs) if self._direct is not None else None
         rebound = self._rebind(args, kwargs) if flat is None else None
         if rebound is not None:
@@ -349,6 +376,7 @@ def optimize(
             module.watch_weights_of(model)
             module.bind_signature_of(model)
             if _agrees_with_eager(model, module, args, kwargs):
+                module.recompiles_on_guard_failure(model, dynamic_shapes, opts)
                 bump("compilations")
                 bump("model_cache_hits")
                 bump("clusters")
@@ -366,6 +394,7 @@ def optimize(
     module = OptimizedModule(gm, report, name)
     module.watch_weights_of(model)
     module.bind_signature_of(model)
+    module.recompiles_on_guard_failure(model, dynamic_shapes, opts)
     if key is not None:
         model_cache.store(key, model, module)
     return module

@@ -5,7 +5,9 @@ per ``optimize`` call, one per graph TorchDynamo hands the backend); tests use
 it to prove that a stream of shapes never recompiles. ``native_libraries``
 counts shared libraries the CPU backend loaded, ``native_builds`` those it had
 to build (cache misses); ``model_cache_hits`` counts ``optimize`` calls served
-from the model cache (they count as compilations too: capture was skipped).
+from the model cache (they count as compilations too: capture was skipped);
+``guard_recompilations`` counts graphs compiled again for a call that failed a guard
+of the model's first graph (counted in ``compilations`` too).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def reset_stats() -> None:
                 "native_libraries": 0,
                 "native_builds": 0,
                 "model_cache_hits": 0,
+                "guard_recompilations": 0,
             }
         )
 

@@ -56,7 +56,13 @@ class ShapeBinder:
                 if len(free) == 1:
                     (sym,) = free
                     coeff = dim.subs({sym: 1}) - dim.subs({sym: 0})
-                    if coeff.is_constant and dim.subs({sym: 0}).free_symbols <= origin.keys():
+                    linear = dim == dim.subs({sym: 0}) + coeff * SymExpr.symbol(sym)
+                    if (
+                        linear
+                        and coeff.is_constant
+                        and coeff.constant_value != 0
+                        and dim.subs({sym: 0}).free_symbols <= origin.keys()
+                    ):
                         origin[sym] = (i, d)
                         self.solves.append((i, d, sym, dim))
         self.origin = origin

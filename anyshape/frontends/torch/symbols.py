@@ -8,6 +8,8 @@ expression / int into an ``int | SymExpr``.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from ...errors import UnsupportedError
@@ -76,13 +78,32 @@ def sympy_to_expr(e) -> SymExpr:
     raise UnsupportedError(f"symbolic size expression {e} ({name}) is not supported")
 
 
+# Per captured graph (keyed by its ShapeEnv): sympy size expressions torch derived under
+# a guard, each with the expression that holds for every size (see capture.py).
+_SIZE_REWRITES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register_size_rewrites(shape_env, rewrites: dict) -> None:
+    """Read every size of ``shape_env``'s graph with ``rewrites`` applied (sympy to sympy)."""
+    if rewrites:
+        _SIZE_REWRITES.setdefault(shape_env, {}).update(rewrites)
+
+
+def size_rewrites(shape_env) -> dict:
+    return _SIZE_REWRITES.get(shape_env, {}) if shape_env is not None else {}
+
+
 def to_dim(x) -> int | SymExpr:
     """An int, SymInt or sympy expression as an IR dim."""
     if isinstance(x, torch.SymInt):
         node = x.node
         if hasattr(node, "maybe_as_int") and node.maybe_as_int() is not None:
             return int(node.maybe_as_int())
-        return as_dim(sympy_to_expr(node.expr))
+        expr = node.expr
+        rewrites = size_rewrites(getattr(node, "shape_env", None))
+        if rewrites:
+            expr = expr.xreplace(rewrites)
+        return as_dim(sympy_to_expr(expr))
     if isinstance(x, int):
         return x
     return as_dim(sympy_to_expr(x))

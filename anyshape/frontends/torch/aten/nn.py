@@ -7,7 +7,8 @@ Part of the torch frontend's lowering table (see ``lowering.py``); reductions
 and softmax come from ``reduce.py``. Normalization, pooling and attention compute
 in the accumulator dtype (f32 for f16/bf16) and cast to torch's result dtype.
 Pooling windows follow torch's ``ceil_mode`` by padding high and cropping to the
-shape torch recorded. Outputs torch only needs for training are produced as
+shape torch recorded (read as the exact size for every input length, see
+``size_rewrites.py``). Outputs torch only needs for training are produced as
 torch's (empty) tensors, or, for max-pooling indices, refused with
 ``UnsupportedError`` when a later node reads them.
 """

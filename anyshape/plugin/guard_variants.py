@@ -1,0 +1,82 @@
+"""Guard variants: the compiled model for a case its first graph's guards exclude.
+
+Sits behind ``OptimizedModule`` (``api.py``). torch.export builds a graph for the
+example's case of every size decision it takes; anyshape drops the decisions that
+only pick a layout (``frontends/torch/capture.py``) and the prologue checks the rest.
+A call that fails one of those checks is not refused: the model is captured again
+with that call's inputs as the example, compiled, and kept beside the first graph.
+Every later call goes to the first graph whose guards hold. Each variant counts in
+``anyshape.stats()`` (``compilations`` and ``guard_recompilations``) and is named in
+``explain()``. Bad input (a wrong rank or dtype, dims that contradict each other)
+fails no guard: it stays an ``InputError``, and so does a call no capture accepts
+(then eager PyTorch refuses it too).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..errors import AnyshapeError, InputError
+from ..stats import bump
+
+# What the prologue says when a call fails a condition of the graph rather than of the
+# model's signature: a guard the capture recorded, a bound torch derived from one (a
+# symbol's range), or a size it specialized.
+_GUARD_FAILURES = (
+    "shape constraint ",
+    "the model was compiled for",
+    "(a static dim of the compiled model)",
+)
+
+
+def failed_guard(error: InputError) -> bool:
+    """Whether ``error`` says a call left the case the graph was compiled for."""
+    text = str(error)
+    return text.startswith(_GUARD_FAILURES[0]) or any(f in text for f in _GUARD_FAILURES[1:])
+
+
+class GuardVariants:
+    """The graphs compiled for calls that failed the first graph's guards, in order."""
+
+    def __init__(self, compile_variant: Callable, facts: list[str]):
+        self._compile_variant = compile_variant  # (args, kwargs) -> a compiled module
+        self._facts = facts  # the first graph's report facts, which explain() prints
+        self._lock = threading.Lock()
+        self.variants: list = []
+
+    def __call__(self, failure: InputError, args: tuple, kwargs: dict):
+        """Run the first variant whose guards hold, compiling one if none does."""
+        for variant in list(self.variants):
+            try:
+                return variant(*args, **kwargs)
+            except InputError as e:
+                if not failed_guard(e):
+                    raise
+        with self._lock:
+            variant = self._compile(failure, args, kwargs)
+        return variant(*args, **kwargs)
+
+    def _compile(self, failure: InputError, args: tuple, kwargs: dict):
+        try:
+            variant = self._compile_variant(args, kwargs)
+        except AnyshapeError as e:
+            raise InputError(
+                f"{failure}; capturing the model again for these inputs failed too: {e}"
+            ) from e
+        self.variants.append(variant)
+        bump("guard_recompilations")
+        condition = str(failure).split(" does not hold")[0].split(": expected")[0]
+        shapes = [list(a.shape) for a in _tensors(args, kwargs)]
+        self._facts.append(
+            f"guard variant {len(self.variants)}: compiled again for inputs {shapes}, "
+            f"which fail {condition}"
+        )
+        return variant
+
+
+def _tensors(args, kwargs) -> list:
+    import torch
+    import torch.utils._pytree as pytree
+
+    return [v for v in pytree.tree_leaves((args, kwargs)) if isinstance(v, torch.Tensor)]
