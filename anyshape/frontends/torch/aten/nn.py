@@ -129,6 +129,12 @@ def _batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momen
     return (_finish(ctx, y, 0), *empty, *(stats if ctx.node.target is _FUNCTIONAL else ()))
 
 
+def _rounded(ctx: LowerCtx, stat, x, axes):
+    """A batch statistic rounded to ``x``'s dtype and back, broadcast back over ``axes``."""
+    back = ctx.cast(ctx.cast(stat, x.dtype), stat.dtype)
+    return expand_back(ctx, back, x.shape, axes)
+
+
 def _batch_norm_train(ctx: LowerCtx, x, weight, bias, stats, momentum, eps):
     """Normalization by the batch's own statistics (returned as mean and invstd); the
     functional form also returns the updated running statistics, which the other forms
@@ -136,7 +142,12 @@ def _batch_norm_train(ctx: LowerCtx, x, weight, bias, stats, momentum, eps):
     functional = ctx.node.target is _FUNCTIONAL
     if stats is not None and not functional:
         raise UnsupportedError("training-mode batch norm updating running statistics in place")
-    y, m, var, rstd = _normalize(ctx, ctx.cast(x, acc_dtype(x.dtype)), (0, *range(2, x.rank)), eps)
+    xs, axes = ctx.cast(x, acc_dtype(x.dtype)), (0, *range(2, x.rank))
+    y, m, var, rstd = _normalize(ctx, xs, axes, eps)
+    if xs is not x:  # f16/bf16: eager normalizes with its statistics rounded to x's dtype
+        y = ctx.op(
+            "mul", ctx.op("sub", xs, _rounded(ctx, m, x, axes)), _rounded(ctx, rstd, x, axes)
+        )
     y = _affine(ctx, y, weight, bias)
     outs = (_finish(ctx, y, 0), _finish(ctx, m, 1), _finish(ctx, rstd, 2))
     if not functional:
