@@ -10,12 +10,13 @@ what it cannot trace (the graph breaks) in PyTorch.
 Shapes: every dim is dynamic (``dynamic=True``), the first graphs are traced
 from the example with its 0/1 dims grown to 2, and tracing is size-oblivious
 (``backed_size_oblivious``), so sizes 0 and 1 get no graphs of their own:
-anyshape decides broadcasting at run time. Where torch cannot trace a graph
-that way (torch 2.13 fails some at size 0), Dynamo's defaults take over, which
-specialize 0 and 1 (a graph each). ``explain()`` states the graphs compiled so
-far and the graph breaks. Measured over a stream of 10 shapes with 0s and 1s in
-both dims: a model with one ``.item()`` branch, 14 graphs with Dynamo's
-defaults, 3-5 this way.
+anyshape decides broadcasting at run time. A call torch cannot trace that way
+(torch 2.13 fails ``x.sin()`` at [4, 0]: a modulo by zero in fake tensors) is
+traced with Dynamo's defaults, which specialize its 0/1 sizes: one more graph
+for that kind of call. ``explain()`` states the graphs compiled so far and the
+graph breaks. Measured over a stream of 10 shapes with 0s and 1s in both dims,
+a model with one ``.item()`` branch (3 graphs: the sum, each branch): 14
+graphs with Dynamo's defaults, 5 this way (the two more for [4, 0]).
 
 Failures: a graph that cannot be lowered runs in PyTorch, its ops listed with
 the reason; if Dynamo itself fails on a call that eager runs, the model runs in
@@ -108,20 +109,20 @@ class DynamoModule(torch.nn.Module):
         self._note_graph_breaks(breaks_before)
         return out
 
-    _oblivious = True  # trace sizes 0/1-obliviously until that fails once
+    _not_oblivious = ""  # why a call was traced with Dynamo's defaults, if one was
 
     def _call_compiled(self, args, kwargs):
         """Dynamo traces new graphs size-obliviously (``backed_size_oblivious``: sizes 0
         and 1 get no graph of their own, anyshape decides broadcasting at run time);
-        where torch fails to trace that way, with its defaults from then on."""
-        if not self._oblivious:
-            return self._compiled(*args, **kwargs)
+        a call torch fails to trace that way is traced with its defaults (a graph
+        specialized to its 0/1 sizes, which later calls of that kind reuse)."""
         try:
             with torch.fx.experimental._config.patch(backed_size_oblivious=True):
                 return self._compiled(*args, **kwargs)
         except _DYNAMO_FAILURES as e:
-            self._oblivious = False
-            self._not_oblivious = f"{type(e).__name__}: {_first_line(e)}"
+            if not self._not_oblivious:
+                self._not_oblivious = f"{type(e).__name__}: {_first_line(e)}"
+                self._update_capture_notes()
             return self._compiled(*args, **kwargs)
 
     def warm_up(self, args: tuple, kwargs: dict) -> None:
@@ -155,10 +156,13 @@ class DynamoModule(torch.nn.Module):
             f"captured by TorchDynamo: torch.export could not capture {self._name} "
             f"({self._why_not_export})",
             f"TorchDynamo graphs compiled: {self._graphs} (each one anyshape compilation; "
-            "sizes 0 and 1 add none while Dynamo traces size-obliviously)",
+            "traced size-obliviously, so sizes 0 and 1 need no graph of their own)",
         ]
-        if not self._oblivious:
-            notes.append(f"size-oblivious tracing turned off after: {self._not_oblivious}")
+        if self._not_oblivious:
+            notes.append(
+                "some calls traced with Dynamo's defaults (0/1 sizes specialized), as "
+                f"size-oblivious tracing failed: {self._not_oblivious}"
+            )
         if self._breaks:
             notes.append("graph breaks run in PyTorch: " + "; ".join(sorted(self._breaks)))
         if self._eager_reason:
