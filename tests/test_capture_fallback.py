@@ -222,3 +222,19 @@ def test_cluster_that_fails_to_compile_runs_in_pytorch(monkeypatch):
     text = _explained(compiled)
     assert "cluster failed to compile (RuntimeError: g++ exited with status 1)" in text
     assert len(compiled.explain().clusters) == 1  # the other cluster compiled
+
+
+def test_dynamo_failure_runs_the_model_eagerly_with_reason():
+    model = ItemBranch()
+    compiled = _optimize(model, (torch.randn(3, 5),))
+
+    def dynamo_fails(*args, **kwargs):
+        raise torch._dynamo.exc.InternalTorchDynamoError("tracer lost its frame")
+
+    compiled.__dict__["_compiled"] = dynamo_fails
+    with pytest.warns(UserWarning, match="runs in PyTorch eager") as caught:
+        _stream(compiled, model, lambda a, b: (torch.randn(a, b),), SHAPES[:3])
+    assert len([w for w in caught if "runs in PyTorch eager" in str(w.message)]) == 1
+    text = _explained(compiled)
+    assert "whole model runs in PyTorch eager: TorchDynamo failed" in text
+    assert "InternalTorchDynamoError: tracer lost its frame" in text
