@@ -50,15 +50,35 @@ def _backward_in_torch(gm: torch.fx.GraphModule, example_inputs):
     return make_boxed_func(gm.forward)
 
 
-def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
-    """Compile a Dynamo graph with anyshape; ``options`` as for ``anyshape.optimize``."""
+# Fused ops whose torch decomposition changes what their outputs mean. AOTAutograd
+# decomposes below autograd: the backward graph still calls the fused op's own backward,
+# fed with the forward's saved outputs. torch decomposes the CPU flash attention op (which
+# ``F.scaled_dot_product_attention`` becomes) into the math attention and returns the
+# attention weights where the op returns its logsumexp; its backward
+# (``_scaled_dot_product_flash_attention_for_cpu_backward``) then reads those weights as
+# the logsumexp and every gradient through attention is wrong. Kept whole, the forward
+# graph holds the fused op, which anyshape lowers with both outputs as torch computes them.
+_KEEP_FUSED = ("_scaled_dot_product_flash_attention_for_cpu.default",)
+
+
+def decomposition_table() -> dict:
+    """Core-ATen decompositions for AOTAutograd, minus the fused ops kept whole."""
     from torch._decomp import core_aten_decompositions
 
+    table = core_aten_decompositions()
+    for name in _KEEP_FUSED:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    return table
+
+
+def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
+    """Compile a Dynamo graph with anyshape; ``options`` as for ``anyshape.optimize``."""
     opts = Options.from_env(**(options or {}))
     inner = aot_autograd(
         fw_compiler=_make_forward_compiler(opts),
         bw_compiler=_backward_in_torch,
-        decompositions=core_aten_decompositions(),
+        decompositions=decomposition_table(),
     )
     return inner(gm, example_inputs)
 
