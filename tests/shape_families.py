@@ -208,6 +208,8 @@ FAMILIES: dict[str, Family] = {
             _fn(_pool1d_indices),
             2,
             lambda d: (_randn(d[0], 3, d[1]),),
+            # An example length equal to the window (3) is captured as length <= 3 and a
+            # longer input compiles a second graph (a capture specialization, open).
             example=(2, 7),
         ),
         Family("conv", _Conv, 3, lambda d: (_randn(d[0], 3, d[1], d[2]),), example=(2, 6, 7)),
