@@ -31,6 +31,10 @@ back to PyTorch:
 
 Tolerances are ``assert_close``'s defaults for the dtype, widened by the
 OpInfo's ``toleranceOverride`` entries; integer and bool results are exact.
+A float output outside them still passes by PyTorch's test_decomp rule: its
+largest error against the same call in float64 is at most eager's (+1e-7), so
+sums added in another order (GEMM blocking differs between AVX2 and AVX-512)
+pass where they round differently, and a wrong result still fails.
 
 Budget (about 5 minutes of 2 cores with ``pytest -n 2``; each ``optimize`` runs
 torch.export, ~0.3 s of CPU): at most ``MAX_SAMPLES[dtype]`` claimed samples
@@ -251,22 +255,66 @@ def tolerance(op, dtype: torch.dtype) -> dict[str, float]:
     return {"rtol": rtol, "atol": atol}
 
 
-def assert_same(got, want, op, what: str) -> None:
+# PyTorch's test_decomp default (op_assert_ref): how much further from the float64 result
+# than eager's a different implementation of an op may land.
+REFERENCE_SLACK = 1e-7
+
+
+def in_double(module, inputs):
+    """The module's outputs with its float32 inputs computed in float64 (None if it fails)."""
+    widened = [t.double() if t.dtype == torch.float32 else t for t in inputs]
+    try:
+        with torch.no_grad():
+            return pytree.tree_leaves(module(*widened))
+    except Exception:
+        return None
+
+
+def no_further_than_eager(g, w, exact) -> bool:
+    """test_decomp's criterion: the largest error against the float64 result is at most
+    eager's largest error plus ``REFERENCE_SLACK`` (NaNs in the same places)."""
+    if not isinstance(exact, torch.Tensor) or exact.shape != w.shape or not w.is_floating_point():
+        return False
+    if not torch.equal(g.isnan(), w.isnan()):
+        return False
+    exact, finite = exact.double(), ~w.isnan()
+    ours = (g.double() - exact)[finite].abs()
+    eager = (w.double() - exact)[finite].abs()
+    return ours.numel() == 0 or bool(ours.max() <= eager.max() + REFERENCE_SLACK)
+
+
+def assert_same(got, want, op, what: str, exact=None) -> None:
+    """``got`` matches eager's ``want`` within the op's tolerances for the dtype.
+
+    Past them, a float output still passes if it is no further from ``exact`` (the
+    same call in float64) than eager is, as PyTorch's test_decomp judges another
+    implementation of an op: a GEMM or a sum that adds in another order (AVX2 vs
+    AVX-512 blocking) rounds differently near zero, not worse.
+    """
     g_leaves, w_leaves = pytree.tree_leaves(got), pytree.tree_leaves(want)
     assert len(g_leaves) == len(w_leaves), (
         f"{what}: {len(g_leaves)} outputs, eager has {len(w_leaves)}"
     )
-    for k, (g, w) in enumerate(zip(g_leaves, w_leaves)):
+    e_leaves = (
+        exact if exact is not None and len(exact) == len(w_leaves) else [None] * len(w_leaves)
+    )
+    for k, (g, w, e) in enumerate(zip(g_leaves, w_leaves, e_leaves)):
         if not isinstance(w, torch.Tensor):
             assert g == w, f"{what}: output {k} is {g!r}, eager gives {w!r}"
             continue
-        torch.testing.assert_close(
-            g,
-            w,
-            equal_nan=True,
-            **tolerance(op, w.dtype),
-            msg=lambda m, k=k: f"{what}: output {k}: {m}",
-        )
+        try:
+            torch.testing.assert_close(
+                g,
+                w,
+                equal_nan=True,
+                **tolerance(op, w.dtype),
+                msg=lambda m, k=k: f"{what}: output {k}: {m}",
+            )
+        except AssertionError:
+            same_kind = isinstance(g, torch.Tensor) and (g.dtype, g.shape) == (w.dtype, w.shape)
+            if same_kind and no_further_than_eager(g, w, e):
+                continue
+            raise
 
 
 # --- compiling and checking ---------------------------------------------------------------
@@ -412,7 +460,7 @@ def check_resized(op, module, example, opt) -> str | None:
             rejected = rejected or (inputs, e)
             continue
         assert anyshape.stats()["compilations"] == before, "the resized call recompiled"
-        assert_same(got, want, op, f"shapes {shapes}")
+        assert_same(got, want, op, f"shapes {shapes}", in_double(module, inputs))
         return None
     if rejected is None:
         return "eager rejects every new shape"
@@ -431,14 +479,15 @@ def run_sample(op, call: SampleCall, counts: dict[str, int]) -> None:
         with torch.no_grad():
             want = module(*example)
             assert_compiled(opt.report)
-            assert_same(opt(*example), want, op, "output")
+            exact = in_double(module, example)
+            assert_same(opt(*example), want, op, "output", exact)
             counts["static"] += 1
             stage = "symbolic"
             # Without any dim (0-d tensors only) the symbolic graph is the static one.
             has_dims = any(t.dim() for t in example)
             dyn = anyshape.optimize(module, example) if has_dims else opt
             assert_compiled(dyn.report)
-            assert_same(dyn(*example), want, op, "output")
+            assert_same(dyn(*example), want, op, "output", exact)
             counts["symbolic"] += 1
         stage = "resized"
         why = check_resized(op, module, example, dyn)
