@@ -33,7 +33,22 @@ class AsTensor(ctypes.Structure):
 
 
 class KernelError(RuntimeError):
-    """A generated kernel hit a run-time error (an index out of range, division by zero)."""
+    """A generated kernel hit a run-time error (an index out of range, division by zero).
+
+    An index out of range is a ``KernelIndexError``, an ``IndexError`` as eager raises; the
+    choice is made here, on the message, because the C callers raise this class by name."""
+
+    def __new__(cls, *args):
+        if cls is KernelError and args and str(args[0]).startswith(_INDEX_MESSAGE):
+            cls = KernelIndexError
+        return super().__new__(cls, *args)
+
+
+class KernelIndexError(KernelError, IndexError):
+    """A generated kernel read or wrote with an index outside its dim (as eager's IndexError)."""
+
+
+_INDEX_MESSAGE = "an index is out of range"
 
 
 _init_lock = threading.Lock()

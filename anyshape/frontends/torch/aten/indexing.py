@@ -18,6 +18,7 @@ from ....ir.symbolic import as_dim, as_expr
 from ..lowering import lowering
 
 aten = torch.ops.aten
+_INT64_MAX = 2**63 - 1
 
 
 def _broadcast_shape(shapes):
@@ -49,15 +50,18 @@ def _index(ctx, x, indices):
     lead = [x.shape[k] for k in pos]
     flat = as_dim(_prod(lead))
     xf = ctx.reshape(xt, [flat] + [x.shape[k] for k in rest])
-    linear = None
+    linear = outside = None
     stride = as_expr(1)
+    zero = ctx.full(0, idx_shape, DType.i64)
     for k in reversed(pos):
         size = x.shape[k]
         i = ctx.broadcast_to(ctx.cast(indices[k], DType.i64), idx_shape)
         n = ctx.broadcast_to(ctx.shape_scalar(size), idx_shape)
-        i = ctx.op(
-            "select", ctx.op("lt", i, ctx.full(0, idx_shape, DType.i64)), ctx.op("add", i, n), i
-        )
+        i = ctx.op("select", ctx.op("lt", i, zero), ctx.op("add", i, n), i)
+        # Wrapped once: what is still outside [0, size) is out of range, as in eager.
+        bad = ctx.op("or", ctx.op("lt", i, zero), ctx.op("ge", i, n))
+        outside = bad if outside is None else ctx.op("or", outside, bad)
+        i = ctx.op("select", bad, zero, i)
         term = (
             i
             if stride == 1
@@ -65,6 +69,9 @@ def _index(ctx, x, indices):
         )
         linear = term if linear is None else ctx.op("add", linear, term)
         stride = stride * as_expr(size)
+    # An index out of range in any dim makes the linear index too large: gather raises.
+    too_large = ctx.full(_INT64_MAX, idx_shape, DType.i64)
+    linear = ctx.op("select", outside, too_large, linear)
     g = ctx.op("gather", xf, linear, axis=0)  # idx_shape + rest
     nb = len(idx_shape)
     if adjacent and pos[0] > 0:

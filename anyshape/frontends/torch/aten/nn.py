@@ -358,9 +358,18 @@ def _adaptive_axis(ctx: LowerCtx, x, axis: int, o):
 # --- lookups --------------------------------------------------------------------------------
 
 
+def _no_negative(ctx: LowerCtx, index):
+    """``index`` with every negative entry made too large for any dim: embedding,
+    index_select and gather raise on a negative index where eager does, instead of
+    wrapping it as the IR's gather does (for advanced indexing)."""
+    too_large = int(np.iinfo(index.dtype.to_numpy()).max)
+    negative = ctx.op("lt", index, ctx.full(0, index.shape, index.dtype))
+    return ctx.op("select", negative, ctx.full(too_large, index.shape, index.dtype), index)
+
+
 @lowering(aten.embedding.default)
 def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
-    return ctx.op("gather", weight, indices, axis=0)
+    return ctx.op("gather", weight, _no_negative(ctx, indices), axis=0)
 
 
 def _at_least_1d(ctx: LowerCtx, x):
@@ -370,13 +379,13 @@ def _at_least_1d(ctx: LowerCtx, x):
 @lowering(aten.index_select.default)
 def _index_select(ctx, x, dim, index):
     x = _at_least_1d(ctx, x)
-    index = ctx.reshape(index, (index.type.numel,))
+    index = _no_negative(ctx, ctx.reshape(index, (index.type.numel,)))
     return _finish(ctx, ctx.op("gather", x, index, axis=norm_dim(dim, x.rank)))
 
 
 @lowering(aten.gather.default)
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
-    x, index = _at_least_1d(ctx, x), _at_least_1d(ctx, index)
+    x, index = _at_least_1d(ctx, x), _no_negative(ctx, _at_least_1d(ctx, index))
     return _finish(ctx, ctx.op("take_along_axis", x, index, axis=norm_dim(dim, x.rank)))
 
 

@@ -1,0 +1,115 @@
+"""Index safety: an index out of range raises IndexError as eager does, never wraps or
+reads outside the buffer; in-range indices (negative ones where eager wraps them) match
+eager. Each model is compiled once and run at sizes 0, 1 and larger."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import anyshape
+
+BACKENDS = ["cpu", "interpreter"]
+pytestmark = pytest.mark.filterwarnings("error::UserWarning")
+
+
+class Embedding(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Embedding(5, 3)
+
+    def forward(self, ids):
+        return self.table(ids)
+
+
+class IndexSelect(torch.nn.Module):
+    def forward(self, x, ids):
+        return torch.index_select(x, 1, ids)
+
+
+class Gather(torch.nn.Module):
+    def forward(self, x, ids):
+        return torch.gather(x, 1, ids)
+
+
+class AdvancedIndex(torch.nn.Module):
+    def forward(self, x, ids):
+        return x[:, ids]
+
+
+def _compile(model, example, backend):
+    return anyshape.optimize(model.eval(), example, backend=backend)
+
+
+def _eager_error(model, args):
+    """Whether eager rejects the indices (index_select says so with a RuntimeError on
+    some paths; anyshape always raises IndexError)."""
+    try:
+        model(*args)
+    except (IndexError, RuntimeError):
+        return True
+    return False
+
+
+def _check(compiled, model, args):
+    if _eager_error(model, args):
+        with pytest.raises(IndexError):
+            compiled(*args)
+    else:
+        torch.testing.assert_close(compiled(*args), model(*args))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_rejects_negative_and_large_ids(backend):
+    model = Embedding()
+    compiled = _compile(model, (torch.tensor([[0, 1]]),), backend)
+    for ids in ([[0, 4]], [[3]], [[-1]], [[2, -5]], [[5]], [[0, 1, 99]]):
+        with torch.no_grad():
+            _check(compiled, model, (torch.tensor(ids),))
+    empty = torch.zeros(1, 0, dtype=torch.long)
+    assert compiled(empty).shape == model(empty).shape == (1, 0, 3)
+    with pytest.raises(IndexError):
+        compiled(torch.tensor([[-1]]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_index_select_rejects_negative_ids(backend):
+    model = IndexSelect()
+    compiled = _compile(model, (torch.randn(2, 3), torch.tensor([0, 2])), backend)
+    for cols in (1, 3, 7):
+        x = torch.randn(2, cols)
+        for ids in ([0], [cols - 1, 0], [-1], [cols], [0, -cols]):
+            _check(compiled, model, (x, torch.tensor(ids)))
+    with pytest.raises(IndexError):
+        compiled(torch.randn(2, 3), torch.tensor([-1]))
+    x0 = torch.randn(0, 4)
+    assert compiled(x0, torch.tensor([3, 0])).shape == (0, 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_rejects_negative_ids(backend):
+    model = Gather()
+    compiled = _compile(model, (torch.randn(2, 3), torch.tensor([[0, 2], [1, 1]])), backend)
+    for cols in (1, 4):
+        x = torch.randn(2, cols)
+        for ids in ([[0], [cols - 1]], [[-1], [0]], [[0], [cols]]):
+            _check(compiled, model, (x, torch.tensor(ids)))
+    with pytest.raises(IndexError):
+        compiled(torch.randn(2, 3), torch.tensor([[0], [-1]]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_advanced_index_wraps_negative_once(backend):
+    """x[:, ids]: eager wraps -size <= i < 0 once and raises outside [-size, size)."""
+    model = AdvancedIndex()
+    compiled = _compile(model, (torch.randn(2, 3), torch.tensor([0, 2])), backend)
+    for cols in (1, 3, 6):
+        x = torch.randn(2, cols)
+        for ids in ([-1], [-cols, cols - 1], [cols], [-cols - 1]):
+            _check(compiled, model, (x, torch.tensor(ids)))
+    torch.testing.assert_close(
+        compiled(torch.arange(6.0).view(2, 3), torch.tensor([-1, -3])),
+        torch.arange(6.0).view(2, 3)[:, [-1, -3]],
+    )
+    with pytest.raises(IndexError):
+        compiled(torch.randn(2, 3), torch.tensor([-4]))
