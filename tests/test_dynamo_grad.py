@@ -1,5 +1,7 @@
 """Gradients through torch.compile(backend="anyshape") equal eager's, attention included."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,10 +96,16 @@ def test_gpt2_gradients_match_eager():
         return lambda m: m(input_ids=ids, labels=ids).loss
 
     compiled = _compile(model)
-    _assert_same_grads(model, compiled, batch(7))
-    compiled_graphs = anyshape.stats()["compilations"]
+    anyshape.reset_stats()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _assert_same_grads(model, compiled, batch(7))
+    # GPT-2's graph holds a real constant (tensor([])): it once failed the whole cluster
+    assert not [w for w in caught if "failed to compile" in str(w.message)]
+    stats = anyshape.stats()
+    assert stats["compiled_ops"] > 10 * stats["fallback_ops"]
     _assert_same_grads(model, compiled, batch(12))
-    assert anyshape.stats()["compilations"] == compiled_graphs
+    assert anyshape.stats()["compilations"] == stats["compilations"]
 
 
 class Attention(torch.nn.Module):

@@ -40,7 +40,12 @@ def _symbol_ranges(example_inputs) -> dict[str, tuple[int, int | None]]:
 
 def _make_forward_compiler(options: Options):
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs):
-        gm, _ = compile_graph(gm, _symbol_ranges(example_inputs), options, with_prologue=False)
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        # AOTAutograd may call this with its fake mode still active; the graph's real
+        # constants (GPT-2's ``tensor([])``) are read as weights, outside that mode.
+        with unset_fake_temporarily():
+            gm, _ = compile_graph(gm, _symbol_ranges(example_inputs), options, with_prologue=False)
         return make_boxed_func(gm.forward)
 
     return fw_compiler
