@@ -113,3 +113,21 @@ def test_advanced_index_wraps_negative_once(backend):
     )
     with pytest.raises(IndexError):
         compiled(torch.randn(2, 3), torch.tensor([-4]))
+
+
+class SliceFromEnd(torch.nn.Module):
+    def forward(self, x):
+        return x[-10:] + 0, x[:, -3:] * 2, x[3:] + 1, x[-7::2] - 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_slice_start_below_minus_size_clamps_to_zero(backend):
+    """x[-10:] at a dim under 10 is the whole dim (eager clamps the start to 0); the
+    start is max(size - 10, 0) in the IR, not size - 10 (which read before the buffer)."""
+    model = SliceFromEnd()
+    compiled = _compile(model, (torch.randn(12, 5),), backend)
+    for rows in (0, 1, 3, 7, 13):
+        for cols in (1, 5):
+            x = torch.randn(rows, cols)
+            for got, want in zip(compiled(x), model(x)):
+                torch.testing.assert_close(got, want)

@@ -14,7 +14,7 @@ import operator
 import torch
 
 from ....errors import UnsupportedError
-from ....ir.symbolic import SymExpr, as_dim, as_expr
+from ....ir.symbolic import SymExpr, as_dim, as_expr, sym_max
 from ..lowering import LowerCtx, lowering, norm_dim
 
 aten = torch.ops.aten
@@ -83,9 +83,8 @@ def _slice_bounds(size, start, n, step):
     if start is None:
         start = 0
     if isinstance(start, int) and start < 0:
-        start = as_dim(as_expr(size) + start)
-        if isinstance(start, int) and start < 0:
-            start = 0
+        # Eager clamps a start below -size to 0: a symbolic max when size is symbolic.
+        start = as_dim(sym_max(as_expr(size) + start, as_expr(0)))
     if isinstance(start, int) and isinstance(size, int):
         start = min(start, size)
     limit = as_dim(as_expr(start) + (as_expr(n) - 1) * step + 1)
