@@ -131,3 +131,40 @@ def test_slice_start_below_minus_size_clamps_to_zero(backend):
             x = torch.randn(rows, cols)
             for got, want in zip(compiled(x), model(x)):
                 torch.testing.assert_close(got, want)
+
+
+AS_STRIDED_VIEWS = {
+    "t": lambda x: x.t(),
+    "transpose": lambda x: x.transpose(0, 1),
+    "permute": lambda x: x.permute(1, 0),
+    "movedim": lambda x: torch.movedim(x, 0, 1),
+    "narrow": lambda x: x.narrow(1, 1, 2),
+    "select": lambda x: x[1:].select(0, 0),
+    "stepped_slice": lambda x: x[:, ::2],
+    "alias": lambda x: torch.ops.aten.alias(x.t()),
+    "detach": lambda x: x.t().detach(),
+    "unsafe_view": lambda x: torch.ops.aten._unsafe_view(x, (x.shape[1], x.shape[0])),
+    "none": lambda x: x,
+}
+
+
+class AsStridedOf(torch.nn.Module):
+    def __init__(self, view):
+        super().__init__()
+        self.view = view
+
+    def forward(self, x):
+        return torch.as_strided(self.view(x), (2, 2), (1, 2)) * 3
+
+
+@pytest.mark.parametrize("view", sorted(AS_STRIDED_VIEWS))
+def test_as_strided_of_a_view_uses_the_view_storage(view):
+    """as_strided reads the view's storage with its offset: the view stays in PyTorch,
+    explain() says why, and the values match eager's."""
+    model = AsStridedOf(AS_STRIDED_VIEWS[view])
+    compiled = _compile(model, (torch.randn(3, 4),), "cpu")
+    for shape in ((3, 4), (5, 6), (4, 3)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), model(x))
+    if view not in ("none", "unsafe_view"):
+        assert "as_strided" in str(anyshape.explain(model, (torch.randn(3, 4),)))

@@ -226,12 +226,37 @@ def _check_one(node: fx.Node, r: Node, val) -> None:
         )
 
 
+def _views():
+    aten = torch.ops.aten
+    return {
+        aten.t.default, aten.transpose.int, aten.permute.default, aten.movedim.int,
+        aten.narrow.default, aten.select.int, aten.slice.Tensor, aten.alias.default,
+        aten.detach.default, aten._unsafe_view.default, aten.view.default,
+        aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
+        aten.diagonal.default, aten.unfold.default,
+    }  # fmt: skip
+
+
+def _feeds_as_strided(node: fx.Node, views) -> bool:
+    """Whether ``node``, a view, reaches an ``as_strided`` through views only."""
+    if node.target not in views:
+        return False
+    for user in node.users:
+        if user.target is torch.ops.aten.as_strided.default or _feeds_as_strided(user, views):
+            return True
+    return False
+
+
 def rule_for(node: fx.Node) -> LoweringRule:
     if node.op != "call_function":
         raise UnsupportedError(f"{node.op} nodes are not compiled")
     rule = LOWERINGS.get(node.target)
     if rule is None:
         raise UnsupportedError(f"no lowering for {node.target}")
+    if _feeds_as_strided(node, _views()):
+        # A compiled view is a new contiguous tensor: as_strided, run in PyTorch, would
+        # read it with strides meant for the view's storage (offset and strides).
+        raise UnsupportedError("a view read by as_strided stays in PyTorch (storage strides)")
     return rule
 
 
