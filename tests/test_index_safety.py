@@ -168,3 +168,32 @@ def test_as_strided_of_a_view_uses_the_view_storage(view):
         torch.testing.assert_close(compiled(x), model(x))
     if view not in ("none", "unsafe_view"):
         assert "as_strided" in str(anyshape.explain(model, (torch.randn(3, 4),)))
+
+
+class IndexPut(torch.nn.Module):
+    def __init__(self, accumulate):
+        super().__init__()
+        self.accumulate = accumulate
+
+    def forward(self, x, idx, v):
+        y = x * 1
+        if self.accumulate:
+            return y.index_put_((idx,), v, accumulate=True)
+        y[idx] = v
+        return y
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_compiles_and_matches_eager(accumulate):
+    """x[idx] = v and index_put_(accumulate=True) compile (index_put runs in PyTorch, as
+    explain() says); duplicate indices sum with accumulate; out of range raises."""
+    model = IndexPut(accumulate)
+    example = (torch.randn(5, 3), torch.tensor([0, 2, 0]), torch.randn(3, 3))
+    compiled = _compile(model, example, "cpu")
+    for rows, cols, ids in ((5, 3, [0, 2, 0]), (1, 1, [0, -1]), (4, 0, [3]), (6, 2, [])):
+        x, idx = torch.randn(rows, cols), torch.tensor(ids, dtype=torch.long)
+        v = torch.randn(len(ids), cols)
+        torch.testing.assert_close(compiled(x, idx, v), model(x, idx, v))
+    with pytest.raises(IndexError):
+        compiled(torch.randn(2, 3), torch.tensor([2]), torch.randn(1, 3))
+    assert "index_put" in str(anyshape.explain(model, example))
