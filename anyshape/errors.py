@@ -7,6 +7,12 @@ op and where in the model) so a user can act on it without a debugger.
 from __future__ import annotations
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's first line of text (its type name when it has none), for reasons."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class AnyshapeError(Exception):
     """Base class of every anyshape error."""
 

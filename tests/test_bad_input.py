@@ -3,21 +3,14 @@
 import pytest
 import torch
 import transformers
+from tiny_models import tiny_bert
 
 import anyshape
 
 
 @pytest.fixture(scope="module")
 def bert():
-    cfg = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=50,
-        max_position_embeddings=40,
-    )
-    model = transformers.BertModel(cfg).eval()
+    model = tiny_bert(max_position_embeddings=40)
     ids, mask = torch.randint(0, 50, (2, 9)), torch.ones(2, 9, dtype=torch.long)
     return model, anyshape.optimize(model, {"input_ids": ids, "attention_mask": mask})
 

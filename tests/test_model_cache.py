@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
+from tiny_models import tiny_bert
 
 import anyshape
 from anyshape.frontends.torch import capture
@@ -32,15 +32,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 def _bert(eps=1e-12, seed=0):
     torch.manual_seed(seed)
-    cfg = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=50,
-        layer_norm_eps=eps,
-    )
-    return transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    return tiny_bert(layer_norm_eps=eps, add_pooling_layer=False)
 
 
 def _inputs(b, s):

@@ -19,7 +19,7 @@ import re
 import numpy as np
 import pytest
 import torch
-import transformers
+from tiny_models import tiny_bert
 
 import anyshape
 from anyshape.cli import main as cli_main
@@ -103,14 +103,7 @@ def test_cli_reports_a_kernel_error_in_one_line(tmp_path, capsys):
 
 def test_cli_run_infers_tied_shapes_of_a_bert(tmp_path, capsys):
     torch.manual_seed(0)
-    cfg = transformers.BertConfig(
-        num_hidden_layers=1,
-        hidden_size=32,
-        num_attention_heads=2,
-        intermediate_size=64,
-        vocab_size=97,
-    )
-    bert = transformers.BertModel(cfg).eval()
+    bert = tiny_bert(vocab_size=97)
     example = {
         "input_ids": torch.randint(0, 97, (2, 9)),
         "attention_mask": torch.ones(2, 9, dtype=torch.long),

@@ -14,7 +14,7 @@ import torch
 import torch.fx as fx
 
 from ..config import Options
-from ..errors import InputError, UnsupportedError
+from ..errors import InputError, UnsupportedError, first_line
 from ..frontends.torch.capture import symbol_sources
 from ..frontends.torch.lowering import is_tensor_node, lower_cluster, source_location
 from ..frontends.torch.symbols import TORCH_TO_DTYPE, to_tensor_type
@@ -104,11 +104,6 @@ def _cluster_fallbacks(nodes: list[fx.Node], reason: str) -> list[Fallback]:
     return [Fallback(n, reason, source_location(n)) for n in nodes if is_tensor_node(n)]
 
 
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
 def _warn_clusters_in_torch(failures: list[str]) -> None:
     """One warning per compiled graph for clusters that failed to compile for a reason
     other than an unsupported op (those are expected; explain() lists both)."""
@@ -156,7 +151,7 @@ def compile_graph(
             report.fallbacks += _cluster_fallbacks(nodes, f"cluster failed to compile: {e}")
             continue
         except Exception as e:  # a pass, backend or C++ compiler failure: PyTorch runs it
-            why = f"cluster failed to compile ({type(e).__name__}: {_first_line(e)})"
+            why = f"cluster failed to compile ({type(e).__name__}: {first_line(e)})"
             report.fallbacks += _cluster_fallbacks(nodes, why)
             failures.append(why)
             continue

@@ -38,14 +38,19 @@ def _symbol_ranges(example_inputs) -> dict[str, tuple[int, int | None]]:
     return {str(s): (0, _finite_int(vr.upper)) for s, vr in env.var_to_range.items()}
 
 
+def compile_forward(gm: torch.fx.GraphModule, example_inputs, options: Options):
+    """One AOTAutograd forward graph compiled in place: ``(gm, CompileReport)``."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # AOTAutograd may call this with its fake mode still active; the graph's real
+    # constants (GPT-2's ``tensor([])``) are read as weights, outside that mode.
+    with unset_fake_temporarily():
+        return compile_graph(gm, _symbol_ranges(example_inputs), options, with_prologue=False)
+
+
 def _make_forward_compiler(options: Options):
     def fw_compiler(gm: torch.fx.GraphModule, example_inputs):
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-        # AOTAutograd may call this with its fake mode still active; the graph's real
-        # constants (GPT-2's ``tensor([])``) are read as weights, outside that mode.
-        with unset_fake_temporarily():
-            gm, _ = compile_graph(gm, _symbol_ranges(example_inputs), options, with_prologue=False)
+        gm, _ = compile_forward(gm, example_inputs, options)
         return make_boxed_func(gm.forward)
 
     return fw_compiler
@@ -70,11 +75,9 @@ def decomposition_table() -> dict:
     """Core-ATen decompositions for AOTAutograd, minus the fused ops kept whole."""
     from torch._decomp import core_aten_decompositions
 
-    table = core_aten_decompositions()
-    for name in _KEEP_FUSED:
-        packet, overload = name.split(".")
-        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
-    return table
+    from ..frontends.torch.capture import without_ops
+
+    return without_ops(core_aten_decompositions(), _KEEP_FUSED)
 
 
 def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):

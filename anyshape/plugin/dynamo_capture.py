@@ -30,8 +30,10 @@ import warnings
 import torch
 
 from ..config import Options
+from ..errors import first_line
 from ..frontends.torch.lowering import source_location
-from .compile import ClusterInfo, CompileReport, compile_graph
+from .compile import ClusterInfo, CompileReport
+from .dynamo_backend import compile_forward, decomposition_table
 from .explain import ExplainReport
 from .partition import Fallback
 from .profile import ProfileReport
@@ -65,7 +67,7 @@ class DynamoModule(torch.nn.Module):
             return make_boxed_func(graph.forward)
 
         try:
-            return aot_autograd(fw_compiler=fw_compiler, decompositions=_decompositions())(
+            return aot_autograd(fw_compiler=fw_compiler, decompositions=decomposition_table())(
                 gm, example_inputs
             )
         except TorchDynamoException:  # Dynamo's own control flow (restart the analysis)
@@ -75,11 +77,9 @@ class DynamoModule(torch.nn.Module):
             return gm.forward
 
     def _compile_graph(self, graph: torch.fx.GraphModule, inputs) -> None:
-        from .dynamo_backend import _symbol_ranges
-
         k = self._graphs
         self._graphs += 1
-        _, report = compile_graph(graph, _symbol_ranges(inputs), self._options, False)
+        _, report = compile_forward(graph, inputs, self._options)
         self.report.clusters += [
             ClusterInfo(f"graph{k}.{c.name}", c.aten_ops, c.compiled) for c in report.clusters
         ]
@@ -87,7 +87,7 @@ class DynamoModule(torch.nn.Module):
         self._update_capture_notes()
 
     def _graph_in_torch(self, gm: torch.fx.GraphModule, error: Exception) -> None:
-        reason = f"graph could not be lowered ({type(error).__name__}: {_first_line(error)})"
+        reason = f"graph could not be lowered ({type(error).__name__}: {first_line(error)})"
         self.report.fallbacks += [
             Fallback(n, reason, source_location(n))
             for n in gm.graph.nodes
@@ -121,7 +121,7 @@ class DynamoModule(torch.nn.Module):
                 return self._compiled(*args, **kwargs)
         except _DYNAMO_FAILURES as e:
             if not self._not_oblivious:
-                self._not_oblivious = f"{type(e).__name__}: {_first_line(e)}"
+                self._not_oblivious = f"{type(e).__name__}: {first_line(e)}"
                 self._update_capture_notes()
             return self._compiled(*args, **kwargs)
 
@@ -138,7 +138,7 @@ class DynamoModule(torch.nn.Module):
         self(*args, **kwargs)
 
     def _run_eager(self, error: Exception) -> None:
-        self._eager_reason = f"TorchDynamo failed ({type(error).__name__}: {_first_line(error)})"
+        self._eager_reason = f"TorchDynamo failed ({type(error).__name__}: {first_line(error)})"
         warnings.warn(
             f"anyshape: {self._name} runs in PyTorch eager: {self._eager_reason}", stacklevel=3
         )
@@ -181,21 +181,10 @@ class DynamoModule(torch.nn.Module):
         return ProfileReport([t for c in self.report.clusters for t in c.compiled.read_profile()])
 
 
-def _decompositions() -> dict:
-    from ..frontends.torch.capture import decomposition_table
-
-    return decomposition_table()
-
-
 def _graph_break_counts() -> dict[str, int]:
     from torch._dynamo.utils import counters
 
-    return {_first_line(r): n for r, n in counters["graph_break"].items()}
-
-
-def _first_line(error) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    return {first_line(r): n for r, n in counters["graph_break"].items()}
 
 
 def _dynamo_failures() -> tuple[type[BaseException], ...]:

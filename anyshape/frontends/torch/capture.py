@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from ...errors import CaptureError, UnsupportedError
+from ...errors import CaptureError, UnsupportedError, first_line
 from ...ir.constraints import Guard
 from ...ir.symbolic import as_expr, format_dim
 from .size_rewrites import register_size_rewrites
@@ -47,8 +47,12 @@ KEEP_WHOLE = ("scaled_dot_product_attention.default",)
 
 def decomposition_table() -> dict:
     """torch.export's core-ATen decompositions minus the composites anyshape keeps whole."""
-    table = torch.export.default_decompositions()
-    for name in KEEP_WHOLE:
+    return without_ops(torch.export.default_decompositions(), KEEP_WHOLE)
+
+
+def without_ops(table: dict, names: tuple[str, ...]) -> dict:
+    """``table`` (a decomposition table) with the ATen overloads ``names`` kept whole."""
+    for name in names:
         packet, overload = name.split(".")
         table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
     return table
@@ -148,10 +152,9 @@ def capture_export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
     except Exception as e:  # torch raises many types here; all mean "could not capture"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise CaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
-            f"{first}\n  Try: make Python control flow independent of tensor values and "
+            f"{first_line(e)}\n  Try: make Python control flow independent of tensor values and "
             f"sizes, pass example inputs of a shape you serve, give explicit dynamic_shapes=, "
             f"or use torch.compile(model, backend='anyshape'), which runs uncapturable Python "
             f"in PyTorch and compiles the rest."
