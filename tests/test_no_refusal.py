@@ -109,6 +109,9 @@ POOLS = {
         lambda x: F.max_pool1d(x, 2, 2, padding=1, ceil_mode=True, return_indices=True)[0],
         2,
     ),
+    # torch's C++ max_pool1d (no indices) reads the length as a number: Eq(s, 9)
+    "max1d_k3_s2_p1_values": (lambda x: F.max_pool1d(x, 3, 2, padding=1, ceil_mode=True), 1),
+    "max1d_module_k2": (torch.nn.MaxPool1d(2, ceil_mode=True), 1),
 }
 
 
@@ -124,6 +127,16 @@ def test_ceil_mode_pools_size_every_input(name):
         example, shapes = (1, 2, 9, 9), [(2, 1, h, w) for h, w in lengths] + [(0, 2, 5, 5)]
     opt, compiled = run_shapes(fn, example, shapes)
     assert compiled == 1, str(opt.explain())
+
+
+def test_a_negative_slice_start_clamped_at_the_example_is_not_refused():
+    """``x[-10:2]`` traced at 3 starts at 0 (3 - 10 clamps): its guard is that the
+    input is at least 2 long, not 10; longer inputs are another case of the graph."""
+    _, recompiled_before = _counts()
+    shapes = [(3, 2), (2, 2), (9, 1), (1, 2), (0, 2), (10, 2), (12, 3), (13, 2), (5, 2)]
+    opt, compiled = run_shapes(lambda x: x[-10:2] + 1, (3, 2), shapes)
+    assert compiled == 1 + _counts()[1] - recompiled_before
+    assert "10 <= " not in str(opt.explain())
 
 
 def test_max_pool3d_with_indices_takes_new_spatial_sizes():

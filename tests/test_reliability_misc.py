@@ -203,3 +203,35 @@ def test_an_outlier_call_gives_its_workspace_back():
         steady = _rss_mb()
     assert after_outlier - before < 64, f"{before:.0f} MB -> {after_outlier:.0f} MB"
     assert steady - before > 200, f"{before:.0f} MB -> {steady:.0f} MB (steady state)"
+
+
+# --- a language model's loss ------------------------------------------------------------------
+
+
+def test_gpt2_loss_compiles_whole_and_matches_eager():
+    """The causal-LM loss (labels shifted, cross entropy) lowers in full: its
+    ``prims.convert_element_type`` and ``true_divide`` ran in PyTorch before."""
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=64, use_cache=False
+    )
+    lm = transformers.GPT2LMHeadModel(cfg).eval()
+
+    class Loss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, ids):
+            return self.lm(ids, labels=ids).loss
+
+    model = Loss().eval()
+    before = anyshape.stats()["compilations"]
+    opt = anyshape.optimize(model, (torch.randint(0, 50, (2, 9)),))
+    assert not opt.report.fallbacks, str(opt.explain())
+    for shape in [(1, 5), (3, 17), (2, 2)]:
+        ids = torch.randint(0, 50, shape)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(ids), model(ids), rtol=1e-5, atol=1e-5)
+    assert anyshape.stats()["compilations"] - before == 1

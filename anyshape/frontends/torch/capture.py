@@ -138,6 +138,46 @@ def _quiet_specialization_log(quiet: bool):
         logger.removeFilter(dropped)
 
 
+@contextlib.contextmanager
+def _max_pool1d_as_2d():
+    """``F.max_pool1d`` traced as a 2-D pool over ``[N, C, 1, L]`` while capturing.
+
+    torch's C++ ``max_pool1d`` reads its input length as a number, so tracing fixes
+    it (``Eq(L, 9)``: every other length a new graph); the 2-D pool's shape function
+    keeps it symbolic, with the same values. The returned-indices form is left to
+    torch (``max_pool1d_with_indices`` is symbolic already). The name is swapped
+    for the capture only; a call from another thread meanwhile gets the same result.
+    """
+    import torch.nn.functional as F
+
+    original = F.max_pool1d
+
+    def max_pool1d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                   return_indices=False):  # fmt: skip
+        if return_indices or not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
+            return original(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+        def one(v, default):
+            return v if isinstance(v, int) else (v[0] if v is not None and len(v) else default)
+
+        k = one(kernel_size, None)
+        y = F.max_pool2d(
+            x.unsqueeze(-2),
+            (1, k),
+            (1, one(stride, k) or k),
+            (0, one(padding, 0)),
+            (1, one(dilation, 1)),
+            ceil_mode,
+        )
+        return y.squeeze(-2)
+
+    F.max_pool1d = max_pool1d
+    try:
+        yield
+    finally:
+        F.max_pool1d = original
+
+
 def capture_export(
     model: torch.nn.Module, args: tuple, kwargs: dict | None = None, dynamic_shapes=None
 ) -> Captured:
@@ -147,7 +187,7 @@ def capture_export(
     if ours:
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
     try:
-        with torch.no_grad(), _quiet_specialization_log(ours):
+        with torch.no_grad(), _quiet_specialization_log(ours), _max_pool1d_as_2d():
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
@@ -214,9 +254,18 @@ def slice_size_guards(gm: fx.GraphModule) -> list[Guard]:
                 out.append(Guard("le", as_expr(0), kept, why))
         elif kept > 0 and isinstance(start, (int, type(None))) and isinstance(step, int):
             start = start or 0
+            if start < 0 and _clamped_at_zero(x.shape[dim], start):
+                start = 0  # (torch's own guard keeps the dim shorter than -start)
             need = -start if start < 0 else start + (kept - 1) * step + 1
             out.append(Guard("le", as_expr(need), size, why))
     return out
+
+
+def _clamped_at_zero(size, start: int) -> bool:
+    """Whether a negative slice start fell below 0 at the example's size (``x[-10:2]``
+    traced at 3 starts at 0, not at 3 - 10): the slice then starts at 0."""
+    hint = getattr(getattr(size, "node", None), "hint", None)
+    return hint is not None and int(hint) + start < 0
 
 
 def _shape_env(ep):

@@ -73,7 +73,14 @@ def _rsub(ctx, a, b, alpha=1):
     return _binary(ctx, "sub", b, _scaled(ctx, a, alpha))
 
 
-@lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)
+@lowering(
+    aten.div.Tensor,
+    aten.div.Scalar,
+    aten.div.Tensor_mode,
+    aten.div.Scalar_mode,
+    aten.true_divide.Tensor,
+    aten.true_divide.Scalar,
+)
 def _div(ctx, a, b, rounding_mode=None):
     out = ctx.out_type()
     if rounding_mode is None:
@@ -321,7 +328,13 @@ def _clamp(ctx, x, lo=None, hi=None):
 # --- casts --------------------------------------------------------------------------
 
 
-@lowering(aten._to_copy.default, aten.to.dtype, aten.to.dtype_layout, aten.to.device)
+@lowering(
+    aten._to_copy.default,
+    aten.to.dtype,
+    aten.to.dtype_layout,
+    aten.to.device,
+    torch.ops.prims.convert_element_type.default,
+)
 def _to_copy(ctx, x, *args, **kwargs):
     out = ctx.out_type()
     dev = kwargs.get("device")
