@@ -19,8 +19,7 @@ lazily by the functions that need it.
 
 from .errors import AnyshapeError, ArtifactError, CaptureError, InputError, UnsupportedError
 from .stats import reset_stats, stats
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 __all__ = [
     "AnyshapeError",

@@ -17,6 +17,7 @@ from torch.nn.modules import module as _nn_module
 
 from .config import Options
 from .errors import AnyshapeError, CaptureError, InputError
+from .frontends.torch.examples import agrees_with_eager, split_inputs
 from .plugin.compile import CompileReport, compile_graph
 from .plugin.direct import FlatInputs, native_call, plan_direct
 from .plugin.explain import ExplainReport
@@ -26,21 +27,6 @@ from .stats import bump
 
 # nn.Module's call path as torch defines it; torch.fx tracing patches it to record calls.
 _MODULE_CALL = torch.nn.Module.__call__
-
-
-def _split_inputs(example_inputs) -> tuple[tuple, dict]:
-    if isinstance(example_inputs, dict):
-        return (), dict(example_inputs)
-    if isinstance(example_inputs, torch.Tensor):
-        return (example_inputs,), {}
-    if (
-        isinstance(example_inputs, tuple)
-        and len(example_inputs) == 2
-        and isinstance(example_inputs[1], dict)
-        and isinstance(example_inputs[0], tuple)
-    ):
-        return example_inputs[0], example_inputs[1]
-    return tuple(example_inputs), {}
 
 
 def _user_stacklevel() -> int:
@@ -56,7 +42,7 @@ _INTERNAL_DIRS = tuple(os.path.dirname(f) + os.sep for f in (__file__, torch.nn.
 
 
 def _install_module_call() -> None:
-    """``OptimizedModule.__call__`` in C (``runtime/modulecall.c``), once per process:
+    """``OptimizedModule.__call__`` in C (``plugin/modulecall.c``), once per process:
     a call without hooks or tracing then runs no Python frame (x + 1 on 16 elements:
     2.9 -> 2.1 us). The Python ``__call__`` stays as its general path."""
     if OptimizedModule.__dict__["__call__"] is not _PYTHON_CALL:
@@ -127,7 +113,7 @@ class OptimizedModule(torch.nn.Module):
         """``forward`` directly unless a hook, tracing (TorchScript, or torch.fx, which
         patches ``nn.Module.__call__``) or ``Module.compile`` needs ``nn.Module``'s own
         call path, which costs about 1 us: a third of a small model's whole call.
-        Once the fast-call extension loads, ``runtime/modulecall.c`` takes these same
+        Once the fast-call extension loads, ``plugin/modulecall.c`` takes these same
         decisions in C and calls this only when the answer is not its native call."""
         if (
             self._forward_hooks
@@ -306,7 +292,7 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
                 count=False,
                 guards=captured.guards,
             )
-            if _agrees_with_eager(model, gm, args, kwargs):
+            if agrees_with_eager(model, gm, args, kwargs):
                 bump("compilations")
                 return gm, report
         except AnyshapeError:
@@ -321,29 +307,6 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
     if report_note:
         report.facts.append(report_note)
     return gm, report
-
-
-def _agrees_with_eager(model, gm, args, kwargs) -> bool:
-    """Whether the compiled graph reproduces eager on the user's own example."""
-    with torch.no_grad():
-        try:
-            got = pytree.tree_leaves(gm(*args, **kwargs))
-        except Exception:  # any failure on the user's own example means: recapture from it
-            return False
-        want = pytree.tree_leaves(model(*args, **kwargs))
-    if len(got) != len(want):
-        return False
-    for g, w in zip(got, want):
-        if isinstance(w, torch.Tensor):
-            if not isinstance(g, torch.Tensor) or g.shape != w.shape or g.dtype != w.dtype:
-                return False
-            if w.is_floating_point() and not torch.allclose(
-                g, w, rtol=1e-3, atol=1e-3, equal_nan=True
-            ):
-                return False
-            if not w.is_floating_point() and not torch.equal(g, w):
-                return False
-    return True
 
 
 def optimize(
@@ -365,7 +328,7 @@ def optimize(
     if isinstance(model, torch.nn.Module):
         model.eval()
     name = type(model).__name__
-    args, kwargs = _split_inputs(example_inputs)
+    args, kwargs = split_inputs(example_inputs)
     key = None
     if opts.model_cache:
         key = model_cache.fingerprint(model, args, kwargs, dynamic_shapes, opts)
@@ -375,14 +338,14 @@ def optimize(
             module = OptimizedModule.restored(*restored, name)
             module.watch_weights_of(model)
             module.bind_signature_of(model)
-            if _agrees_with_eager(model, module, args, kwargs):
+            if agrees_with_eager(model, module, args, kwargs):
                 module.recompiles_on_guard_failure(model, dynamic_shapes, opts)
                 bump("compilations")
                 bump("model_cache_hits")
                 bump("clusters")
                 bump("compiled_ops", sum(module.report.clusters[0].aten_ops.values()))
                 return module
-            model_cache.drop(key)
+            model_cache.drop(key, opts)
     try:
         gm, report = _compile(model, args, kwargs, dynamic_shapes, opts)
     except CaptureError as e:  # what torch.export cannot capture runs through TorchDynamo
@@ -396,7 +359,7 @@ def optimize(
     module.bind_signature_of(model)
     module.recompiles_on_guard_failure(model, dynamic_shapes, opts)
     if key is not None:
-        model_cache.store(key, model, module)
+        model_cache.store(key, model, module, opts)
     return module
 
 

@@ -42,6 +42,49 @@ class Options:
     min_cluster_ops: int = field(
         default=1, metadata={"help": "clusters with fewer compiled ops run in PyTorch instead"}
     )
+    threads: int = field(
+        default=0,
+        metadata={
+            "help": "threads of compiled code; 0: torch's thread count in plugin mode, "
+            "OpenMP's default elsewhere"
+        },
+    )
+    dnnl_matmul: bool = field(
+        default=True,
+        metadata={
+            "help": "CPU: 2-D float32 GEMMs by a constant weight run on oneDNN's matmul with the "
+            "weight packed once (off: OpenBLAS); needs the onednn-cpu-gomp package"
+        },
+    )
+    dnnl_conv: str = field(
+        default="channels_last",
+        metadata={
+            "help": "CPU float32 convolutions on oneDNN: channels_last (activations kept "
+            "[N, H, W, C] between them), spatial (channels first, kernels over 1x1 only), all "
+            "(channels first, 1x1 too), off (im2col + BLAS)"
+        },
+    )
+    small_gemm: str = field(
+        default="onednn",
+        metadata={"help": "CPU GEMMs of few rows: onednn (dnnl_sgemm, when installed) or openblas"},
+    )
+    fastcall: bool = field(
+        default=True,
+        metadata={
+            "help": "call compiled models through the C extension built on first use "
+            "(off: ctypes and Python only)"
+        },
+    )
+    cache_dir: str = field(
+        default="",
+        metadata={
+            "help": "compile cache (built libraries, model cache); default ~/.cache/anyshape"
+        },
+    )
+    cxx: str = field(
+        default="",
+        metadata={"help": "the C/C++ compiler (default: $CXX, else g++)"},
+    )
 
     @staticmethod
     def from_env(**overrides) -> Options:
@@ -50,6 +93,8 @@ class Options:
             env = os.environ.get(f"ANYSHAPE_{f.name.upper()}")
             if env is not None:
                 values[f.name] = _parse(f.type, env)
+        if "cxx" not in values and os.environ.get("CXX"):
+            values["cxx"] = os.environ["CXX"]  # the build tools' own convention
         unknown = set(overrides) - {f.name for f in fields(Options)}
         if unknown:
             known = ", ".join(f.name for f in fields(Options))

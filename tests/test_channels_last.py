@@ -178,8 +178,7 @@ def test_without_onednn_a_channels_last_convolution_takes_im2col(
     opt = anyshape.optimize(model, (torch.randn(2, cin, 11, 12),), backend="cpu")
     graph = _graph(opt)
     assert _ops(graph, "convolution")[0].attr("channels_last")
-    monkeypatch.setenv("ANYSHAPE_DNNL_CONV", "off")
-    exe = CpuExecutable(graph, [])
+    exe = CpuExecutable(graph, [], options=Options(dnnl_conv="off"))
     assert "as_dnnl_conv2d" not in exe.source and "CblasTrans" in exe.source
     with torch.no_grad():
         for shape in [(2, cin, 11, 12), (1, cin, 9, 16), (3, cin, 7, 7)]:

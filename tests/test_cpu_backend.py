@@ -1,11 +1,18 @@
-"""The C++ CPU backend itself: generated code, build cache, workspace, threads, math, profile."""
+"""The C++ CPU backend itself: generated code, build cache, workspace, threads, math, profile.
 
+Checks on the generated source are ordered (tests/filecheck.py): a call a kernel makes is
+looked for after the first kernel definition, past the runtime headers (which define the
+same helpers), and kernels come before the host function that calls them.
+"""
+
+import re
 import subprocess
 import threading
 
 import numpy as np
 import pytest
 import torch
+from filecheck import Checker
 
 import anyshape
 from anyshape.codegen.cpu import build as cpu_build
@@ -23,6 +30,17 @@ class Mlp(torch.nn.Module):
         return x.softmax(-1)
 
 
+# A kernel's first line (host.py; some carry float options); the runtime headers end
+# before the first one.
+KERNEL = re.compile(
+    r"^static int (?:__attribute__\(\(.*\)\) )?(\w+)\(void\* const\* P, const int64_t\* D\) \{$",
+    re.M,
+)
+# The host function, after every kernel, and each kernel call in it.
+MAIN = re.compile(r"^int anyshape_main\(", re.M)
+KERNEL_CALL = re.compile(r"int e = (\w+)\(P, D\);")
+
+
 def _cluster_source(opt) -> str:
     (cluster,) = opt.report.clusters
     return cluster.compiled.native.source
@@ -31,12 +49,18 @@ def _cluster_source(opt) -> str:
 def test_repeated_layers_emit_each_kernel_once_and_gemm_folds_the_transpose():
     opt = anyshape.optimize(Mlp().eval(), (torch.randn(4, 32),), backend="cpu")
     src = _cluster_source(opt)
-    bodies = [ln for ln in src.splitlines() if ln.startswith("static int k_")]
-    calls = src.count("int e = k_")
-    assert len(bodies) < calls, "identical kernels of repeated layers are emitted once"
+    kernels, calls = KERNEL.findall(src), KERNEL_CALL.findall(src)
+    assert len(set(kernels)) == len(kernels) and set(calls) <= set(kernels), (kernels, calls)
+    assert len(kernels) < len(calls), "identical kernels of repeated layers are emitted once"
+    Checker(src).check_count(KERNEL, len(kernels)).check(MAIN).check_count(KERNEL_CALL, len(calls))
     # x @ W.T goes to BLAS with the transpose folded into the call, never copied.
-    assert src.count("as_gemm_batch<float>(CblasNoTrans, CblasTrans") >= 1
-    assert '"%s in transpose"' not in src
+    (
+        Checker(src)
+        .check_count('"%s in transpose"', 0)
+        .check(KERNEL)
+        .check("as_gemm_batch<float>(CblasNoTrans, CblasTrans")
+        .check(MAIN)
+    )
 
 
 def test_stream_of_shapes_one_library_no_rebuild_and_workspace_growth():
@@ -103,7 +127,8 @@ def test_dump_dir_shows_generated_source(tmp_path, monkeypatch):
     monkeypatch.setenv("ANYSHAPE_DUMP_DIR", str(tmp_path / "dump"))
     anyshape.optimize(Mlp(layers=1).eval(), (torch.randn(4, 32),), backend="cpu")
     sources = list((tmp_path / "dump").glob("*.cpp"))
-    assert sources and "anyshape_main" in sources[0].read_text()
+    assert sources
+    Checker(sources[0].read_text()).check(KERNEL).check(MAIN)
 
 
 class Unary(torch.nn.Module):
@@ -139,19 +164,11 @@ def test_vectorized_math_accuracy(name, fn, ref, span, kind, bound):
     torch.testing.assert_close(opt(special), fn(special), equal_nan=True)
 
 
-def _kernel_bodies(cluster) -> str:
-    """The generated kernels of a cluster's source, without the runtime headers before them."""
-    source = cluster.compiled.native.source
-    first = source.index("(void* const* P, const int64_t* D) {")
-    return source[source.rindex("\n", 0, first) :]
-
-
 def test_exact_gelu_runs_as_one_vector_function_within_erf_bound():
     """0.5 x (1 + erf(x / sqrt 2)) as the lowering builds it becomes vmath's as_gelu_erff
     (3 ops fewer per element); its error is erf's bound scaled by 0.5 |x|."""
     opt = anyshape.optimize(Unary(torch.nn.functional.gelu).eval(), (torch.randn(16),))
-    (cluster,) = opt.report.clusters
-    assert "as_gelu_erff(" in _kernel_bodies(cluster)
+    Checker(_cluster_source(opt)).check(KERNEL).check("as_gelu_erff(").check(MAIN)
     x = torch.linspace(-12.0, 12.0, 200_003, dtype=torch.float32)
     got = opt(x).double()
     want = torch.nn.functional.gelu(x.double())
@@ -173,8 +190,7 @@ def test_gelu_like_expressions_with_other_constants_are_not_taken_for_gelu():
 
     model = NearGelu().eval()
     opt = anyshape.optimize(model, (torch.randn(16),))
-    (cluster,) = opt.report.clusters
-    assert "as_gelu_erff(" not in _kernel_bodies(cluster)
+    Checker(_cluster_source(opt)).check(KERNEL).check_not("as_gelu_erff(").end()
     x = torch.linspace(-8.0, 8.0, 1001)
     for got, want in zip(opt(x), model(x)):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
@@ -191,7 +207,7 @@ def test_reduction_kernels_inline_their_element_helpers():
     model = ReluSum().eval()
     opt = anyshape.optimize(model, (torch.randn(4, 16),))
     (cluster,) = opt.report.clusters
-    assert "reduction(+:" in cluster.compiled.native.source
+    Checker(cluster.compiled.native.source).check(KERNEL).check("reduction(+:").check(MAIN)
     symbols = subprocess.run(
         ["nm", "-C", str(cluster.compiled.native.library)],
         capture_output=True,
@@ -272,9 +288,13 @@ def test_convolution_through_gemm_at_any_size(cin, cout, k, s, p, d, g, shape, d
     for size in [shape, (n + 1, c, h + 3, w + 1), (1, c, k * d + 1, k * d)]:
         x = torch.randn(*size)
         torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
-    source = _cluster_source(opt)
-    assert "as_conv_gemm<float>(" in source
-    assert ("as_dnnl_conv2d(&dnnl_site" in source) == (dnnl == "spatial" and k > 1 and g == 1)
+    site = "as_dnnl_conv2d(&dnnl_site"
+    check = Checker(_cluster_source(opt))
+    if dnnl == "spatial" and k > 1 and g == 1:
+        check.check(KERNEL).check(site)  # oneDNN first; im2col + GEMM where it refuses
+    else:
+        check.check_count(site, 0).check(KERNEL)
+    check.check("as_conv_gemm<float>(").check(MAIN)
 
 
 class Head(torch.nn.Module):
@@ -293,9 +313,13 @@ class Head(torch.nn.Module):
 def test_output_reshape_hands_out_the_gemm_buffer_and_constant_pow_is_a_product():
     model = Head().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, 16),), backend="cpu")
-    src = _cluster_source(opt)
-    assert '"%s in reshape"' not in src  # no copy kernel for the output reshape
-    assert "as_pow" not in src.split("static int k_", 1)[1]  # x ** 3 multiplies
+    (
+        Checker(_cluster_source(opt))
+        .check_count('"%s in reshape"', 0)  # no copy kernel for the output reshape
+        .check(KERNEL)
+        .check_not("as_pow")  # x ** 3 multiplies
+        .end()
+    )
     for shape in [(1, 2, 16), (3, 7, 16), (2, 0, 16)]:
         x = torch.randn(*shape)
         for got, want in zip(opt(x), model(x)):

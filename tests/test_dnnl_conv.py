@@ -8,15 +8,28 @@ several threads at once.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from concurrency import mismatches_from_threads
+from filecheck import Checker
 
 import anyshape
 from anyshape.codegen.cpu.executable import CpuExecutable
 from anyshape.ir.graph import Graph
 
 pytest.importorskip("importlib.metadata").distribution("onednn-cpu-gomp")  # a dependency
+
+
+SITE = "as_dnnl_conv2d(&dnnl_site"
+# A kernel's first line (codegen/cpu/host.py); the runtime headers end before the first one.
+KERNEL = re.compile(
+    r"^static int (?:__attribute__\(\(.*\)\) )?\w+\(void\* const\* P, const int64_t\* D\) \{$",
+    re.M,
+)
+# The host function, after every kernel.
+MAIN = re.compile(r"^int anyshape_main\(", re.M)
 
 
 def _source(opt) -> str:
@@ -39,7 +52,7 @@ def test_convolution_geometries_at_many_sizes(cin, cout, k, s, p, d, bias):
     torch.manual_seed(0)
     model = torch.nn.Conv2d(cin, cout, k, s, p, d, bias=bias).eval()
     opt = anyshape.optimize(model, (torch.randn(2, cin, 11, 12),), backend="cpu")
-    assert "as_dnnl_conv2d(&dnnl_site" in _source(opt)
+    Checker(_source(opt)).check(KERNEL).check(SITE).check(MAIN)
     with torch.no_grad():
         for n, h, w in [(2, 11, 12), (1, 9, 9), (3, 16, 7), (1, 23, 31), (2, 11, 12)]:
             x = torch.randn(n, cin, h, w)
@@ -75,7 +88,7 @@ def test_more_sizes_than_a_call_site_keeps_and_sizes_seen_again():
             x = torch.randn(n, 8, h, w)
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
     assert anyshape.stats()["compilations"] >= 1
-    assert "as_dnnl_conv2d(&dnnl_site" in _source(opt)
+    Checker(_source(opt)).check(KERNEL).check(SITE).check(MAIN)
 
 
 def test_weights_changed_in_place_are_seen():
@@ -143,7 +156,13 @@ def test_weights_computed_in_the_graph_take_im2col():
 
     model = Scaled().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 3, 8, 8), torch.tensor(2.0)), backend="cpu")
-    assert "as_dnnl_conv2d(&dnnl_site" not in _source(opt)
+    (
+        Checker(_source(opt))
+        .check_count(SITE, 0)
+        .check(KERNEL)
+        .check("as_conv_gemm<float>(")  # im2col + GEMM
+        .check(MAIN)
+    )
     with torch.no_grad():
         for s in (2.0, -1.5):
             x, scale = torch.randn(1, 3, 7, 9), torch.tensor(s)

@@ -10,10 +10,12 @@ call one model from several threads at once.
 from __future__ import annotations
 
 import ctypes
+import re
 
 import pytest
 import torch
 from concurrency import mismatches_from_threads
+from filecheck import Checker
 
 import anyshape
 from anyshape.codegen.cpu.executable import CpuExecutable
@@ -22,6 +24,13 @@ from anyshape.ir.graph import Graph
 pytest.importorskip("importlib.metadata").distribution("onednn-cpu-gomp")  # a dependency
 
 SITE = "as_dnnl_matmul(&dnnl_site"
+# A kernel's first line (codegen/cpu/host.py); the runtime headers end before the first one.
+KERNEL = re.compile(
+    r"^static int (?:__attribute__\(\(.*\)\) )?\w+\(void\* const\* P, const int64_t\* D\) \{$",
+    re.M,
+)
+# The host function, after every kernel.
+MAIN = re.compile(r"^int anyshape_main\(", re.M)
 
 
 def _source(opt) -> str:
@@ -57,7 +66,7 @@ def test_every_row_count_through_one_primitive_per_site():
     torch.manual_seed(0)
     model = Mlp().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
-    assert _source(opt).count(SITE) == 3
+    Checker(_source(opt)).check_count(SITE, 3).check(MAIN)  # three sites, each in a kernel
     compilations = anyshape.stats()["compilations"]
     shapes = [(1, 1), (2, 5), (1, 7), (3, 64), (8, 129), (4, 300), (1, 1), (2, 5)]
     before = _runs(opt)
@@ -137,7 +146,13 @@ def test_gemms_of_two_activations_and_other_dtypes_take_blas():
     q, k = torch.randn(2, 3, 7, 16), torch.randn(2, 3, 7, 16)
     a, b, d = torch.randn(5, 16), torch.randn(16, 9), torch.randn(4, 16, dtype=torch.float64)
     opt = anyshape.optimize(model, (q, k, a, b, d), backend="cpu")
-    assert SITE not in _source(opt)
+    (  # the three GEMMs, each one BLAS call in its kernel
+        Checker(_source(opt))
+        .check_count(SITE, 0)
+        .check(KERNEL)
+        .check_count(re.compile(r"as_gemm_batch<(?:float|double)>\("), 3)
+        .check(MAIN)
+    )
     assert not hasattr(
         opt.report.clusters[0].compiled.native.native.lib, "anyshape_dnnl_matmul_runs"
     )
@@ -151,7 +166,13 @@ def test_off_switch_keeps_blas(monkeypatch):
     torch.manual_seed(4)
     model = Mlp(k=23).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, 23),), backend="cpu")
-    assert SITE not in _source(opt)
+    (  # the three GEMMs, each one BLAS call in its kernel
+        Checker(_source(opt))
+        .check_count(SITE, 0)
+        .check(KERNEL)
+        .check_count("as_gemm_batch<float>(", 3)
+        .check(MAIN)
+    )
     x = torch.randn(4, 33, 23)
     with torch.no_grad():
         _close(opt(x), model(x))

@@ -162,18 +162,17 @@ def test_the_key_changes_with_anyshape_source(monkeypatch):
 
 
 def test_the_key_changes_with_what_steers_the_emitted_source(monkeypatch):
-    """A restored model reuses the translation unit kept in its entry, so switches that
-    change the emitted source are part of the key."""
-    from anyshape.codegen.cpu.host import SOURCE_ENV
+    """A restored model reuses the translation unit kept in its entry, so the options
+    that change the emitted source are part of the key, however they are set."""
     from anyshape.config import Options
     from anyshape.plugin import model_cache
 
     model = torch.nn.Linear(4, 4).eval()
     args = (torch.randn(2, 4),)
-    before = model_cache.fingerprint(model, args, {}, None, Options())
-    assert "ANYSHAPE_DNNL_MATMUL" in SOURCE_ENV
-    monkeypatch.setenv("ANYSHAPE_DNNL_MATMUL", "off")
-    assert model_cache.fingerprint(model, args, {}, None, Options()) != before
+    before = model_cache.fingerprint(model, args, {}, None, Options.from_env())
+    assert model_cache.fingerprint(model, args, {}, None, Options(dnnl_matmul=False)) != before
+    monkeypatch.setenv("ANYSHAPE_DNNL_CONV", "off")
+    assert model_cache.fingerprint(model, args, {}, None, Options.from_env()) != before
 
 
 def test_a_restored_model_reuses_its_kept_translation_unit(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""Plugin mode's call done in C (runtime/torchcall.c): used when it covers the model's checks,
+"""Plugin mode's call done in C (plugin/torchcall.c): used when it covers the model's checks,
 and every call off its common path gets the general path's result or error."""
 
 import contextlib
@@ -68,7 +68,7 @@ def _python_forward_calls():
 
 
 def test_module_call_in_c_steps_aside_whenever_the_module_path_is_needed():
-    """``OptimizedModule.__call__`` is C (runtime/modulecall.c): it runs the native call
+    """``OptimizedModule.__call__`` is C (plugin/modulecall.c): it runs the native call
     without a Python frame, and takes the Python path (which calls ``forward``) for
     hooks, global hooks and a patched ``nn.Module.__call__``."""
     model = AddNorm().eval()

@@ -15,12 +15,14 @@ from anyshape.ir.ops import (
     BINARY_BITWISE,
     BINARY_FLOAT,
     COMPARE,
+    TRAITS,
     UNARY_ANY,
     UNARY_FLOAT,
     UNARY_INT,
     UNARY_PRED,
     IRTypeError,
     check_op_table,
+    ops_with,
 )
 from anyshape.runtime.interpreter import INTERPRETER, run_graph
 
@@ -45,6 +47,36 @@ def test_op_table_is_well_formed():
     for name, d in OPS.items():
         assert d.name == name and callable(d.rule)
         assert d.arity is None or d.arity >= 0
+
+
+def test_traits_are_declared_and_queried_from_the_table():
+    assert all(d.traits <= TRAITS.keys() for d in OPS.values())
+    assert ops_with("view") == {"broadcast_in_dim", "reshape", "transpose", "slice"}
+    assert ops_with("elementwise") >= set(UNARY_FLOAT) | set(BINARY_ARITH) | {"select", "convert"}
+    assert ops_with("reduction") == {"reduce", "argreduce"}
+    with pytest.raises(KeyError, match="unknown op trait 'pointwise'"):
+        ops_with("pointwise")
+
+
+def test_cpu_backend_classifies_every_op():
+    from anyshape.codegen.cpu import op_classes as cpu
+    from anyshape.codegen.cpu.expr import BINARY, UNARY, KernelScope
+    from anyshape.codegen.cpu.kernels import EMITTERS
+
+    # Each op's class follows from its traits; an op none of them covers is a KeyError.
+    classes = {op: cpu.op_class(op) for op in OPS}
+    assert set(classes.values()) == {cls for _, cls in cpu.CLASS_OF_TRAIT}
+    assert cpu.SOURCE_OPS == {"input", "param"}
+    assert cpu.LIBRARY_OPS == {"cumulative", "dot", "convolution", "pool"}
+    assert cpu.NOT_RECOMPUTED == {"concatenate", "pad", "gather", "take_along_axis"}
+    # Each class has its code: every root an emitter, every fused op a C++ expression.
+    assert set(EMITTERS) == cpu.ROOT_OPS
+    assert set(UNARY) | set(BINARY) | {"div", "rem", "select", "convert"} == cpu.ELEMENTWISE_OPS
+    fused_by_name = cpu.INDEX_OPS | cpu.NOT_RECOMPUTED
+    assert all(hasattr(KernelScope, f"_op_{op}") for op in fused_by_name)
+    # The backend's own cost tables name ops of the table, of the class they assume.
+    assert set(cpu.EXPENSIVE_OPS) <= cpu.ELEMENTWISE_OPS
+    assert set(cpu.MEMORY_OPERANDS) <= cpu.LIBRARY_OPS
 
 
 def test_builder_rejects_an_unknown_op():

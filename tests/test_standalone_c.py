@@ -55,7 +55,8 @@ LIBRARY = r"""
 #include <stdio.h>
 #include <stdlib.h>
 
-struct AsTensor { void* data; int64_t ndim; int64_t shape[8]; int64_t dtype; };
+#include "anyshape_abi.h"  // the descriptor, as generated code includes it
+typedef anyshape_tensor AsTensor;
 
 static int threads = -1;
 extern "C" void anyshape_init(int num_threads) { threads = num_threads; }
@@ -343,7 +344,8 @@ def built(tmp_path_factory) -> SimpleNamespace:
     for name, text in sources.items():
         (d / name).write_text(text)
     c99 = ["gcc", "-std=c99", *WARNINGS, f"-I{INCLUDE}"]
-    lib = ["g++", "-O2", "-fPIC", "-shared", "-ffp-contract=off", *WARNINGS, d / "lib.cpp"]
+    cxx = ["g++", *WARNINGS, f"-I{INCLUDE}"]
+    lib = [*cxx, "-O2", "-fPIC", "-shared", "-ffp-contract=off", d / "lib.cpp"]
     jobs = {
         "lib.so": lib,
         "lib_nofree.so": [*lib, "-DNO_FREE"],

@@ -205,3 +205,21 @@ class GraphBuilder:
 
     def build(self, outputs: Iterable[Node]) -> Graph:
         return Graph(self.inputs, list(outputs), self.params, self.constraints, self.name)
+
+
+def graph_symbols(graph: Graph) -> frozenset[str]:
+    """Every symbol the graph's types and attributes mention."""
+    out: set[str] = set()
+
+    def visit(v):
+        if isinstance(v, SymExpr):
+            out.update(v.free_symbols)
+        elif isinstance(v, tuple):
+            for x in v:
+                visit(x)
+
+    for n in graph.nodes():
+        out.update(n.type.free_symbols)
+        for _, v in n.attrs:
+            visit(v)
+    return frozenset(out)

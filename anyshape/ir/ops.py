@@ -4,6 +4,10 @@ Sits at the heart of the IR. Frontends lower to these ops, the reference
 interpreter and each backend register an implementation per op in their own
 tables, and a test asserts every table covers every op here.
 
+Traits (``TRAITS``) say what kind of computation an op is: elementwise, a view, a
+reduction... Passes and backends read them (``ops_with``) instead of listing op
+names of their own.
+
 A type rule takes the operand types, the attribute dict and the graph's
 ``ConstraintStore``; it returns the result type or raises ``IRTypeError``. Where
 two symbolic dims must agree (elementwise operands, a matmul's contraction) the
@@ -29,12 +33,32 @@ class IRTypeError(TypeError):
 TypeRule = Callable[[tuple[TensorType, ...], dict, ConstraintStore], TensorType]
 
 
+# What each trait says about an op.
+TRAITS = {
+    "elementwise": "each result element reads its own index of every operand, nothing else",
+    "unary": "one operand",
+    "binary": "two operands",
+    "commutative": "the two operands may be swapped",
+    "compare": "the result is b8",
+    "source": "no operands",
+    "external": "a source given from outside: a call's input or a weight the graph holds",
+    "generated": "a source computed from its attributes and the element's index alone",
+    "view": "reads one element of its operand at an index computed from its own",
+    "piecewise": "each region of the result is a different operand or a fill value",
+    "indirect": "reads its operand at positions held as values in another operand",
+    "reduction": "combines the elements along some axes into one",
+    "scan": "each element combines every element before it along an axis",
+    "contraction": "sums products over contracted dims (matrix product, convolution)",
+    "window": "each element combines a window over the operand's spatial dims",
+}
+
+
 @dataclass(frozen=True)
 class OpDef:
     name: str
     arity: int | None  # None: variadic
     rule: TypeRule
-    traits: frozenset[str]
+    traits: frozenset[str]  # keys of TRAITS
     attrs: tuple[str, ...]
     doc: str
 
@@ -48,6 +72,13 @@ def _op(name: str, arity: int | None, traits: str = "", attrs: str = "", doc: st
         return rule
 
     return register
+
+
+def ops_with(trait: str) -> frozenset[str]:
+    """The names of the ops declared with ``trait`` (a key of ``TRAITS``)."""
+    if trait not in TRAITS:
+        raise KeyError(f"unknown op trait {trait!r}")
+    return frozenset(name for name, d in OPS.items() if trait in d.traits)
 
 
 def _same_shape(types, store: ConstraintStore, what: str) -> tuple:
@@ -145,27 +176,41 @@ def _convert(types, attrs, store):
 # --- sources -------------------------------------------------------------------
 
 
-@_op("input", 0, "source", attrs="name dtype shape")
+@_op("input", 0, "source external", attrs="name dtype shape")
 def _input(types, attrs, store):
     return TensorType(attrs["dtype"], attrs["shape"])
 
 
-@_op("param", 0, "source", attrs="name dtype shape", doc="a named weight held by the graph")
+@_op(
+    "param", 0, "source external", attrs="name dtype shape", doc="a named weight held by the graph"
+)
 def _param(types, attrs, store):
     return TensorType(attrs["dtype"], attrs["shape"])
 
 
-@_op("constant", 0, "source", attrs="value dtype", doc="a scalar literal, rank 0")
+@_op("constant", 0, "source generated", attrs="value dtype", doc="a scalar literal, rank 0")
 def _constant(types, attrs, store):
     return TensorType(attrs["dtype"], ())
 
 
-@_op("shape_scalar", 0, "source", attrs="expr dtype", doc="the run-time value of a dim expression")
+@_op(
+    "shape_scalar",
+    0,
+    "source generated",
+    attrs="expr dtype",
+    doc="the run-time value of a dim expression",
+)
 def _shape_scalar(types, attrs, store):
     return TensorType(attrs["dtype"], ())
 
 
-@_op("iota", 0, "source", attrs="shape dim dtype", doc="index along `dim`, broadcast to `shape`")
+@_op(
+    "iota",
+    0,
+    "source generated",
+    attrs="shape dim dtype",
+    doc="index along `dim`, broadcast to `shape`",
+)
 def _iota(types, attrs, store):
     if not 0 <= attrs["dim"] < len(attrs["shape"]):
         raise IRTypeError(f"iota dim {attrs['dim']} out of range for {attrs['shape']}")
@@ -226,7 +271,7 @@ def _slice(types, attrs, store):
     return t.with_shape(out)
 
 
-@_op("concatenate", None, "", attrs="axis")
+@_op("concatenate", None, "piecewise", attrs="axis")
 def _concatenate(types, attrs, store):
     axis = attrs["axis"]
     if not types:
@@ -246,7 +291,7 @@ def _concatenate(types, attrs, store):
     return TensorType(dt, shape)
 
 
-@_op("pad", 2, "", attrs="low high", doc="pad(x, scalar value); negative amounts crop")
+@_op("pad", 2, "piecewise", attrs="low high", doc="pad(x, scalar value); negative amounts crop")
 def _pad(types, attrs, store):
     t, v = types
     if v.rank != 0 or v.dtype != t.dtype:
@@ -260,7 +305,9 @@ def _pad(types, attrs, store):
 # --- indexing --------------------------------------------------------------------
 
 
-@_op("gather", 2, "", attrs="axis", doc="x.take(indices, axis): x[:axis] + idx + x[axis+1:]")
+@_op(
+    "gather", 2, "indirect", attrs="axis", doc="x.take(indices, axis): x[:axis] + idx + x[axis+1:]"
+)
 def _gather(types, attrs, store):
     x, idx = types
     if not idx.dtype.is_int:
@@ -269,7 +316,13 @@ def _gather(types, attrs, store):
     return TensorType(x.dtype, x.shape[:a] + idx.shape + x.shape[a + 1 :])
 
 
-@_op("take_along_axis", 2, "", attrs="axis", doc="torch.gather: out[i..] = x[.., idx[i..], ..]")
+@_op(
+    "take_along_axis",
+    2,
+    "indirect",
+    attrs="axis",
+    doc="torch.gather: out[i..] = x[.., idx[i..], ..]",
+)
 def _take_along(types, attrs, store):
     x, idx = types
     if not idx.dtype.is_int or idx.rank != x.rank:
@@ -303,7 +356,7 @@ def _argreduce(types, attrs, store):
     return TensorType(DType.i64, t.shape[:a] + t.shape[a + 1 :])
 
 
-@_op("cumulative", 1, "", attrs="kind axis", doc="inclusive scan (sum or prod) along axis")
+@_op("cumulative", 1, "scan", attrs="kind axis", doc="inclusive scan (sum or prod) along axis")
 def _cumulative(types, attrs, store):
     (t,) = types
     if attrs["kind"] not in ("sum", "prod") or not 0 <= attrs["axis"] < t.rank:
@@ -311,10 +364,10 @@ def _cumulative(types, attrs, store):
     return t
 
 
-# --- compute-bound (library) ops ---------------------------------------------------
+# --- contractions and windows ------------------------------------------------------
 
 
-@_op("dot", 2, "library", doc="batched matmul: [..., M, K] x [..., K, N] -> [..., M, N]")
+@_op("dot", 2, "contraction", doc="batched matmul: [..., M, K] x [..., K, N] -> [..., M, N]")
 def _dot(types, attrs, store):
     a, b = types
     dt = _same_dtype(types, "dot")
@@ -333,7 +386,7 @@ def _window_out(d, k, s, p, dil) -> int | SymExpr:
 @_op(
     "convolution",
     2,
-    "library",
+    "contraction window",
     attrs="stride padding dilation groups",
     doc="channels first: x [N, C, *spatial] -> [N, O, *spatial']; with channels_last=true "
     "x [N, *spatial, C] -> [N, *spatial', O]; weights [O, C / groups, *kernel] either way",
@@ -372,7 +425,7 @@ def _convolution(types, attrs, store):
 @_op(
     "pool",
     1,
-    "",
+    "window",
     attrs="kind kernel stride padding dilation count_include_pad",
     doc="windows over the trailing dims, or with channels_last=true over the dims before "
     "the last one ([N, *spatial, C])",
@@ -404,5 +457,6 @@ def _pool(types, attrs, store):
 
 
 def check_op_table() -> list[str]:
-    """Sanity of the table itself: every op has a rule and a known arity."""
-    return [n for n, d in OPS.items() if d.rule is None]
+    """Sanity of the table itself: the ops without a rule or with a trait ``TRAITS``
+    does not define."""
+    return [n for n, d in OPS.items() if d.rule is None or not d.traits <= TRAITS.keys()]

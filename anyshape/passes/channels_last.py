@@ -35,7 +35,7 @@ _MARK = "channels_last"
 
 def onednn_convolution(node: Node) -> bool:
     """A float32 2-D convolution without groups whose weights are a model weight: the
-    convolutions the CPU backend hands to oneDNN (``conv_emit.uses_dnnl_conv``)."""
+    convolutions the CPU backend hands to oneDNN (``codegen/cpu/routes.py``)."""
     return (
         node.op == "convolution"
         and node.dtype == DType.f32

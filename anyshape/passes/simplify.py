@@ -8,6 +8,7 @@ it is valid for every size. Leaves fusion decisions to later passes.
 from __future__ import annotations
 
 from ..config import Options
+from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
 from .rewrite import graph_rewrite
 
@@ -41,15 +42,35 @@ def _reshape_of_view(node: Node) -> Node | None:
 
 def _convert_of_convert(node: Node) -> Node | None:
     src = node.inputs[0]
-    # Only widening inner casts are transparent (f32 -> f64 -> f32 is exact).
+    # A round trip folds only through a type that holds every value of the first one
+    # exactly (f32 -> f64 -> f32, i8 -> f32 -> i8); not through bool (5 -> true -> 1) or
+    # between f16 and bf16 (neither holds the other's values).
     if (
         src.op == "convert"
         and src.inputs[0].dtype == node.dtype
-        and src.dtype.itemsize >= node.dtype.itemsize
-        and src.dtype.is_float == node.dtype.is_float
+        and src.dtype in _HOLDS_EXACTLY[node.dtype]
     ):
         return src.inputs[0]
     return None
+
+
+# dtype -> the types that represent each of its values exactly
+_HOLDS_EXACTLY = {
+    DType.b8: frozenset(DType) - {DType.b8},
+    DType.i8: frozenset(
+        {DType.i16, DType.i32, DType.i64, DType.f16, DType.bf16, DType.f32, DType.f64}
+    ),
+    DType.u8: frozenset(
+        {DType.i16, DType.i32, DType.i64, DType.f16, DType.bf16, DType.f32, DType.f64}
+    ),
+    DType.i16: frozenset({DType.i32, DType.i64, DType.f32, DType.f64}),
+    DType.i32: frozenset({DType.i64, DType.f64}),
+    DType.i64: frozenset(),
+    DType.f16: frozenset({DType.f32, DType.f64}),
+    DType.bf16: frozenset({DType.f32, DType.f64}),
+    DType.f32: frozenset({DType.f64}),
+    DType.f64: frozenset(),
+}
 
 
 def _broadcast_identity(node: Node) -> Node | None:

@@ -11,7 +11,7 @@ example inputs were plain tensors and keywords.
 
 When the cluster is a native library whose own prologue checks everything the
 model prologue does (every input, the same dims, ranges and guards),
-``native_call`` makes the same call entirely in C (``runtime/torchcall.c``),
+``native_call`` makes the same call entirely in C (``plugin/torchcall.c``),
 which hands any call off its common path back to the Python one.
 """
 

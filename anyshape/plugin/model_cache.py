@@ -25,7 +25,6 @@ it off.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import inspect
@@ -37,21 +36,20 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
-from ..codegen.cpu.build import VERSION, cache_dir
-from ..codegen.cpu.host import SOURCE_ENV, HostProgram
 from ..config import Options
 from ..ir.constraints import ConstraintStore, Guard
 from ..ir.dtypes import DType
 from ..ir.parser import parse_graph
 from ..ir.printer import print_graph
 from ..ir.symbolic import format_dim, parse_expr
+from ..native_build import VERSION, cache_dir
 from ..runtime.binder import InputSpec, ShapeBinder
 from .compile import ClusterInfo, CompileReport, ModelPrologue
 from .compiled_cluster import CompiledCluster
 from .direct import DirectPlan, graph_module_of
 from .weights_watch import resolve_tensor
 
-FORMAT = 3
+FORMAT = 4  # 4: what the backend kept is "saved", whatever the backend
 _PLAIN = (bool, int, float, str, type(None))
 
 
@@ -104,7 +102,6 @@ def fingerprint(model, args: tuple, kwargs: dict, dynamic_shapes, options: Optio
             h.update(b"\0")
 
     add(FORMAT, VERSION, package_digest(), torch.__version__, sorted(vars(options).items()))
-    add([(k, os.environ.get(k)) for k in SOURCE_ENV])
     try:
         for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
             add(cls.__module__, cls.__qualname__, inspect.getsource(cls), _closure(cls))
@@ -126,13 +123,13 @@ def fingerprint(model, args: tuple, kwargs: dict, dynamic_shapes, options: Optio
     return h.hexdigest()[:32]
 
 
-def _entry_path(key: str) -> Path:
-    folder = cache_dir() / "models"
+def _entry_path(key: str, root: str = "") -> Path:
+    folder = cache_dir(root) / "models"
     folder.mkdir(parents=True, exist_ok=True)
     return folder / f"{key}.json"
 
 
-def store(key: str, model, module) -> None:
+def store(key: str, model, module, options: Options) -> None:
     """Write the entry for an ``OptimizedModule`` whose call is direct; else do nothing."""
     direct = getattr(module, "_direct", None)
     report: CompileReport = module.report
@@ -170,10 +167,11 @@ def store(key: str, model, module) -> None:
         "constants": sorted(constants),
         "orig_args": list(module.graph_module.graph._codegen.pytree_info.orig_args),
         "state": state,
-        # The CPU translation unit: a restored model builds (or finds) it without emitting.
-        "program": dataclasses.asdict(cluster.native.program) if cluster.native else None,
+        # What the backend kept (the CPU translation unit: restored, it is built or found
+        # in the build cache without emitting it again).
+        "saved": cluster.executable.saved(),
     }
-    path = _entry_path(key)
+    path = _entry_path(key, options.cache_dir)
     try:
         if constants:
             np.savez(path.with_suffix(".tmp.npz"), **constants)
@@ -213,7 +211,7 @@ def restore(key: str, model, options: Options):
     (missing or unusable)."""
     from ..frontends.torch.lowering import tensor_to_numpy
 
-    path = _entry_path(key)
+    path = _entry_path(key, options.cache_dir)
     if not path.exists():
         return None
     try:
@@ -228,9 +226,7 @@ def restore(key: str, model, options: Options):
                 if value.shape != tuple(node.shape) or DType.from_numpy(value.dtype) != node.dtype:
                     return None  # the model changed in a way the key did not see
                 graph.params[name] = value
-        kept = entry["program"] if options.backend == "cpu" else None
-        program = HostProgram(**kept) if kept else None
-        cluster = CompiledCluster.from_graph(graph, options, program)
+        cluster = CompiledCluster.from_graph(graph, options, entry["saved"])
         store_ = ConstraintStore()
         for sym, (lo, hi) in entry["ranges"].items():
             store_.add_symbol(sym, lo, hi)
@@ -262,12 +258,12 @@ def restore(key: str, model, options: Options):
         in_spec = pytree.treespec_loads(entry["in_spec"])
         return direct, in_spec, report, _graph_module(entry, model, direct, in_spec)
     except Exception:  # a stale, partial or foreign entry: forget it, compile afresh
-        drop(key)
+        drop(key, options)
         return None
 
 
-def drop(key: str) -> None:
-    path = _entry_path(key)
+def drop(key: str, options: Options) -> None:
+    path = _entry_path(key, options.cache_dir)
     for p in (path, path.with_suffix(".npz")):
         try:
             p.unlink()

@@ -36,33 +36,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "anyshape_abi.h" /* anyshape_tensor, ANYSHAPE_MAX_RANK, dtype codes ANYSHAPE_* */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define ANYSHAPE_MAX_RANK 8
-
-/* Element types, as coded in anyshape_tensor.dtype (the manifest spells them b8 ... f64). */
-enum {
-  ANYSHAPE_B8 = 0,
-  ANYSHAPE_I8,
-  ANYSHAPE_U8,
-  ANYSHAPE_I16,
-  ANYSHAPE_I32,
-  ANYSHAPE_I64,
-  ANYSHAPE_F16,
-  ANYSHAPE_BF16,
-  ANYSHAPE_F32,
-  ANYSHAPE_F64
-};
-
-/* A dense C-contiguous tensor; the same layout as the compiled library's AsTensor. */
-typedef struct {
-  void* data; /* may be NULL when the tensor has no elements */
-  int64_t ndim;
-  int64_t shape[ANYSHAPE_MAX_RANK];
-  int64_t dtype; /* ANYSHAPE_* */
-} anyshape_tensor;
 
 typedef struct anyshape_model anyshape_model;
 

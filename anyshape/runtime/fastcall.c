@@ -1,8 +1,9 @@
 /* anyshape runtime: the one native call per model call, from Python, in C.
  *
  * Built once per Python/NumPy version by runtime/fastcall.py (through the same
- * content-addressed cache as compiled graphs). call() describes the input arrays
- * as AsTensor records (checking count, dtype and rank first), calls a compiled
+ * content-addressed cache as compiled graphs), with plugin/torchcall.c and
+ * plugin/modulecall.c after it in one unit. call() describes the input arrays
+ * as anyshape_tensor records (checking count, dtype and rank first), calls a compiled
  * graph's anyshape_main, and wraps every returned buffer in a NumPy array that
  * frees it with the last reference: no copy and no per-call ctypes work.
  */
@@ -13,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AS_MAX_RANK 8
+#include "anyshape_abi.h" /* anyshape_tensor, ANYSHAPE_MAX_RANK (pasted in by the build) */
 
 // tp_traverse, tp_clear and tp_dealloc of a GC type whose object fields OBJECTS(X) lists
 // (TorchCall, ModuleCall): prefix_traverse, prefix_clear, prefix_dealloc.
@@ -34,15 +35,8 @@
     Py_TYPE(self)->tp_free((PyObject*)self);                               \
   }
 
-typedef struct {
-  void* data;
-  int64_t ndim;
-  int64_t shape[AS_MAX_RANK];
-  int64_t dtype;
-} AsTensor;
-
-typedef int (*as_main_fn)(const AsTensor*, const AsTensor*, AsTensor*, const int64_t*, char*,
-                          int64_t);
+typedef int (*as_main_fn)(const anyshape_tensor*, const anyshape_tensor*, anyshape_tensor*,
+                          const int64_t*, char*, int64_t);
 typedef void (*as_free_fn)(void*);
 
 static void release(PyObject* capsule) {
@@ -67,8 +61,9 @@ static PyObject* call(PyObject* self, PyObject* args) {
     PyErr_Format(input_error, "the compiled graph takes %zd inputs, got %zd", expected, n);
     return NULL;
   }
-  AsTensor stack_in[8];
-  AsTensor* ins = n <= 8 ? stack_in : (AsTensor*)PyMem_Malloc(sizeof(AsTensor) * (size_t)n);
+  anyshape_tensor stack_in[8];
+  anyshape_tensor* ins =
+      n <= 8 ? stack_in : (anyshape_tensor*)PyMem_Malloc(sizeof(anyshape_tensor) * (size_t)n);
   PyObject** held = (PyObject**)PyMem_Malloc(sizeof(PyObject*) * (size_t)(n ? n : 1));
   Py_ssize_t n_held = 0;
   PyObject* result = NULL;
@@ -97,9 +92,9 @@ static PyObject* call(PyObject* self, PyObject* args) {
       Py_XDECREF(exp);
       goto done;
     }
-    if (PyArray_NDIM(a) > AS_MAX_RANK) {
+    if (PyArray_NDIM(a) > ANYSHAPE_MAX_RANK) {
       PyErr_Format(input_error, "input '%U' has rank %d; at most %d is supported",
-                   PyTuple_GET_ITEM(in_names, i), PyArray_NDIM(a), AS_MAX_RANK);
+                   PyTuple_GET_ITEM(in_names, i), PyArray_NDIM(a), ANYSHAPE_MAX_RANK);
       goto done;
     }
     if (!PyArray_IS_C_CONTIGUOUS(a)) {
@@ -124,9 +119,10 @@ static PyObject* call(PyObject* self, PyObject* args) {
       if (PyErr_Occurred()) goto done;
     }
     Py_ssize_t n_out = PyTuple_GET_SIZE(out_types);
-    AsTensor outs_stack[8];
-    AsTensor* outs =
-        n_out <= 8 ? outs_stack : (AsTensor*)PyMem_Malloc(sizeof(AsTensor) * (size_t)n_out);
+    anyshape_tensor outs_stack[8];
+    anyshape_tensor* outs = n_out <= 8 ? outs_stack
+                                       : (anyshape_tensor*)PyMem_Malloc(sizeof(anyshape_tensor) *
+                                                                        (size_t)n_out);
     if (!outs) {
       PyErr_NoMemory();
       goto done;
@@ -135,8 +131,9 @@ static PyObject* call(PyObject* self, PyObject* args) {
     err[0] = 0;
     int code;
     Py_BEGIN_ALLOW_THREADS
-    code = ((as_main_fn)(uintptr_t)main_addr)(ins, (const AsTensor*)(uintptr_t)params_addr, outs,
-                                              ext, err, (int64_t)sizeof(err));
+    code = ((as_main_fn)(uintptr_t)main_addr)(ins,
+                                              (const anyshape_tensor*)(uintptr_t)params_addr,
+                                              outs, ext, err, (int64_t)sizeof(err));
     Py_END_ALLOW_THREADS
     if (code) {
       PyErr_SetString(code == 1 ? input_error : kernel_error, err);
@@ -145,7 +142,7 @@ static PyObject* call(PyObject* self, PyObject* args) {
     }
     result = PyList_New(n_out);
     for (Py_ssize_t k = 0; result && k < n_out; ++k) {
-      npy_intp dims[AS_MAX_RANK];
+      npy_intp dims[ANYSHAPE_MAX_RANK];
       for (int d = 0; d < outs[k].ndim; ++d) dims[d] = (npy_intp)outs[k].shape[d];
       int typenum = (int)PyLong_AsLong(PyTuple_GET_ITEM(out_types, k));
       PyObject* cap = PyCapsule_New(outs[k].data, "anyshape.buffer", release);

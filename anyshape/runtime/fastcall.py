@@ -1,13 +1,15 @@
 """The fast path of a native call: a small CPython extension, built on first use.
 
 Sits under ``native`` and plugin mode's direct call path. ``fastcall()`` returns
-the ``_anyshape_fastcall`` module -- ``call`` for NumPy arrays (``fastcall.c``)
-and ``TorchCall``, a whole plugin-mode model call on torch tensors
-(``torchcall.c``), and ``ModuleCall``, ``OptimizedModule.__call__`` without a
-Python frame (``modulecall.c``; module definition in ``fastcall_module.c``) -- built with the
-system compiler against this Python's and NumPy's headers through the
-content-addressed build cache, or ``None`` when it cannot be built (no Python
-headers): callers then use the ctypes path, which does the same work at a few
+the ``_anyshape_fastcall`` module -- ``call`` for NumPy arrays (``fastcall.c``),
+and plugin mode's C beside it in ``anyshape/plugin/``: ``TorchCall``, a whole
+model call on torch tensors (``torchcall.c``), and ``ModuleCall``,
+``OptimizedModule.__call__`` without a Python frame (``modulecall.c``); the module
+definition is ``fastcall_module.c``. The one unit is built with the system compiler
+against this Python's and NumPy's headers (no torch headers: the plugin's C reaches
+torch through Python attributes) through the content-addressed build cache of
+``anyshape.native_build``, or ``fastcall()`` is ``None`` when it cannot be built (no
+Python headers): callers then use the ctypes path, which does the same work at a few
 more microseconds per call. ``ANYSHAPE_FASTCALL=0`` forces the ctypes path.
 """
 
@@ -16,7 +18,6 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
-import os
 import sys
 import sysconfig
 import warnings
@@ -24,22 +25,27 @@ from importlib import resources
 
 import numpy as np
 
+from ..errors import AnyshapeError
+from ..native_build import build_cached
+
+_PACKAGE = resources.files("anyshape")
+# The extension's one translation unit, in this order: the plugin's types use the helpers
+# of fastcall.c, and the module definition registers those types.
+_UNIT = (
+    ("runtime", "fastcall.c"),
+    ("plugin", "torchcall.c"),
+    ("plugin", "modulecall.c"),
+    ("runtime", "fastcall_module.c"),
+)
+
 
 @functools.lru_cache(maxsize=1)
 def fastcall():
-    if os.environ.get("ANYSHAPE_FASTCALL", "1") in ("0", "false", "no", "off"):
-        return None
-    from ..codegen.cpu.build import build_cached
-    from ..errors import AnyshapeError
+    from ..config import Options
 
-    here = resources.files(__package__)
-    parts = (
-        "fastcall.c",
-        "torchcall.c",
-        "modulecall.c",
-        "fastcall_module.c",
-    )  # one unit, in this order
-    source = "\n".join(here.joinpath(p).read_text() for p in parts)
+    if not Options.from_env().fastcall:
+        return None
+    source = "\n".join((_PACKAGE / folder / name).read_text() for folder, name in _UNIT)
     flags = [
         "-O2",
         "-fPIC",

@@ -1,5 +1,5 @@
 /* anyshape runtime: the fast-call extension's module definition (built last,
- * after fastcall.c, torchcall.c and modulecall.c; see runtime/fastcall.py). */
+ * after fastcall.c, plugin/torchcall.c and plugin/modulecall.c; see runtime/fastcall.py). */
 
 static PyMethodDef methods[] = {
     {"call", call, METH_VARARGS, "Run one compiled graph on NumPy arrays."},

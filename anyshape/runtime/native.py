@@ -20,10 +20,13 @@ from ..errors import InputError
 from ..ir.dtypes import DType
 from .fastcall import fastcall
 
-MAX_RANK = 8
+# The ctypes mirror of anyshape_abi.h (tests/test_abi.py holds the two equal).
+MAX_RANK = 8  # ANYSHAPE_MAX_RANK
 
 
 class AsTensor(ctypes.Structure):
+    """``anyshape_tensor``: a tensor crossing the ABI of ``anyshape_main``."""
+
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("ndim", ctypes.c_int64),

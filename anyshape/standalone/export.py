@@ -2,7 +2,7 @@
 
 Sits at the top of standalone mode, beside plugin mode's ``compile``: the same
 capture (torch.export, every dim dynamic), lowering and pass pipeline, then
-the CPU backend built for a portable ISA (``codegen.cpu.target``), and the
+the one compile path (``pipelines.compile_graph``) built for a portable ISA, and the
 library, weights and signature written as one file (``format``). Unlike plugin
 mode nothing may fall back: an op anyshape cannot compile is an error naming
 the op, the reason and the model's source line.
@@ -14,15 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.cpu.build import build_library
-from ..codegen.cpu.host import emit_translation_unit
-from ..codegen.cpu.target import Target, target_named
 from ..config import Options
 from ..errors import UnsupportedError
 from ..ir.graph import Graph
 from ..ir.symbolic import format_dim
-from ..passes.pipeline import run_pipeline
-from ..runtime.binder import InputSpec, ShapeBinder
+from ..pipelines import compile_graph
+from ..runtime.binder import ShapeBinder
 from ..stats import bump
 from .format import Manifest, TensorRecord, write_artifact
 
@@ -68,14 +65,14 @@ def export(
     """
     import torch
 
-    from ..api import _split_inputs
     from ..frontends.torch.capture import capture_export, needs_widening, widen_example
+    from ..frontends.torch.examples import split_inputs
 
     opts = Options.from_env(**options)
-    tgt = target_named(target)
+    tgt = _checked_target(target)
     if isinstance(model, torch.nn.Module):
         model.eval()
-    args, kwargs = _split_inputs(example_inputs)
+    args, kwargs = split_inputs(example_inputs)
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         # As in plugin mode: trace with dims of 0/1 widened, keep it if it agrees with eager.
         captured = capture_export(model, widen_example(args), widen_example(kwargs))
@@ -94,7 +91,13 @@ def export_program(program, *, target: str = "portable", **options) -> Artifact:
     from ..frontends.torch.capture import capture_program
 
     captured = capture_program(program)
-    return _build(captured, Options.from_env(**options), target_named(target), "the program")
+    return _build(captured, Options.from_env(**options), _checked_target(target), "the program")
+
+
+def _checked_target(target: str) -> str:
+    if target not in ("portable", "native"):
+        raise ValueError(f"unknown target {target!r}: 'portable' (default) or 'native'")
+    return target
 
 
 def _agrees_with_eager(artifact: Artifact, model, args, kwargs) -> bool:
@@ -102,7 +105,7 @@ def _agrees_with_eager(artifact: Artifact, model, args, kwargs) -> bool:
     import torch
     import torch.utils._pytree as pytree
 
-    from ..api import _agrees_with_eager as plugin_check
+    from ..frontends.torch.examples import agrees_with_eager as plugin_check
 
     def run(*a, **k):
         flat = [t.detach().numpy() for t in pytree.tree_leaves((a, k))]
@@ -111,11 +114,10 @@ def _agrees_with_eager(artifact: Artifact, model, args, kwargs) -> bool:
     return plugin_check(model, run, args, kwargs)
 
 
-def _build(captured, options: Options, target: Target, model_name: str) -> Artifact:
+def _build(captured, options: Options, target: str, model_name: str) -> Artifact:
     import torch
 
     from ..frontends.torch.lowering import lower_cluster
-    from ..plugin.compiled_cluster import graph_symbols
     from ..plugin.partition import is_op_node, plan_partitions
 
     gm = captured.gm
@@ -151,38 +153,32 @@ def _build(captured, options: Options, target: Target, model_name: str) -> Artif
         outputs=flat_out,
         guards=captured.guards,
     )
-    graph = run_pipeline(lowered.graph, options)
-    specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in graph.inputs]
-    binder = ShapeBinder(specs, graph.constraints, what="the exported model")
-    unbound = sorted(graph_symbols(graph) - binder.origin.keys())
-    if unbound:
-        raise UnsupportedError(
-            f"{model_name} needs sizes that no input dim carries ({unbound}): data-dependent "
-            "shapes cannot be exported"
-        )
-    program = emit_translation_unit(graph, [])
-    library = build_library(program.source, "export", target).read_bytes()
+    try:
+        compiled = compile_graph(lowered.graph, options, target)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{model_name} cannot be exported: {e}") from e
+    graph, binder, built = compiled.graph, compiled.binder, compiled.library
     bump("compilations")
     names = _output_names(gm, len(flat_out))
     manifest = Manifest(
         version=_version(),
-        isa=target.isa,
-        cpu_flags=list(target.cpu_flags),
+        isa=built.isa,
+        cpu_flags=list(built.cpu_flags),
         inputs=[_record(n.attr("name"), n.dtype, n.shape) for n in graph.inputs],
         outputs=[
-            _record(name, o.dtype, o.shape, _source(graph, o, slot, program.param_names))
-            for name, o, slot in zip(names, graph.outputs, program.output_slots)
+            _record(name, o.dtype, o.shape, _source(graph, o, slot, built.param_names))
+            for name, o, slot in zip(names, graph.outputs, built.output_slots)
         ],
         params=[
             _record(_word(p), _dtype_of(graph.params[p]), graph.params[p].shape)
-            for p in program.param_names
+            for p in built.param_names
         ],
         constraints=_constraints(binder),
     )
-    weights = [np.ascontiguousarray(graph.params[p]) for p in program.param_names]
+    weights = [np.ascontiguousarray(graph.params[p]) for p in built.param_names]
     for rec, w in zip(manifest.params, weights):
         rec.nbytes = w.nbytes  # offsets are laid out when the file is written
-    return Artifact(manifest, library, weights)
+    return Artifact(manifest, built.library, weights)
 
 
 def _flat_outputs(value) -> list:
@@ -253,6 +249,6 @@ def _constraints(binder: ShapeBinder) -> list[str]:
 
 
 def _version() -> str:
-    from .. import __version__
+    from ..version import __version__
 
     return __version__

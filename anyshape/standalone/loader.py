@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..codegen.cpu.target import isa_machine, machine, missing_cpu_flags
 from ..errors import InputError
 from ..ir.dtypes import DType
+from ..runtime.host_cpu import isa_machine, machine, missing_cpu_flags
 from ..runtime.native import NativeGraph
 from .format import ArtifactError, Manifest, read_artifact
 

@@ -1,27 +1,19 @@
-"""Build generated C++ into a shared library, through a content-addressed disk cache.
+"""Build generated C++ into a shared library for a CPU target.
 
-Sits after ``host``. The cache key hashes the source, the compiler's identity,
-the flags and anyshape's version; the library lands in ``~/.cache/anyshape``
-(or ``$ANYSHAPE_CACHE_DIR``) under that key. Writes are atomic (build into a
-temporary file in the same folder, then rename), and each entry carries a
-SHA-256 of its bytes, so a truncated or corrupt entry is detected and rebuilt
-instead of loaded.
+Sits after ``host``. Adds what the CPU backend links and compiles with (the g++ flags,
+the target's ISA flags, OpenBLAS and, in plugin mode, oneDNN) to the content-addressed
+build cache of ``anyshape.native_build``, which owns the cache directory and the key.
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import os
-import subprocess
-import tempfile
 from pathlib import Path
 
-from ...errors import AnyshapeError
-from ...stats import bump
+from ...config import Options
+from ...native_build import BuildError, build_cached
 from .target import NATIVE, Target
 
-VERSION = "0.1.0"
 FLAGS = [
     "-O3",
     "-fopenmp",
@@ -33,31 +25,6 @@ FLAGS = [
     "-fno-trapping-math",
     "-w",
 ]
-
-
-class BuildError(AnyshapeError, RuntimeError):
-    """The system C++ compiler rejected generated code (an anyshape bug); says where."""
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("ANYSHAPE_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "anyshape"
-    )
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@functools.lru_cache(maxsize=1)
-def compiler() -> tuple[str, str]:
-    cxx = os.environ.get("CXX", "g++")
-    try:
-        version = subprocess.run(
-            [cxx, "--version"], capture_output=True, text=True, check=True
-        ).stdout.splitlines()[0]
-    except (OSError, subprocess.CalledProcessError) as e:
-        raise BuildError(f"no working C++ compiler ({cxx}): {e}; install g++ or set CXX") from e
-    return cxx, version
 
 
 @functools.lru_cache(maxsize=1)
@@ -72,15 +39,15 @@ def blas_flags() -> list[str]:
     return [f"-I{ob.get_include_dir()}", f"-L{lib}", f"-Wl,-rpath,{lib}", f"-l{ob.get_library()}"]
 
 
-@functools.lru_cache(maxsize=1)
-def small_gemm_flags() -> list[str]:
+@functools.cache
+def small_gemm_flags(small_gemm: str = "onednn") -> list[str]:
     """oneDNN's ``dnnl_sgemm`` for GEMMs of few rows (see ``as_gemm_batch``), if installed.
 
     The ``onednn-cpu-gomp`` wheel runs on GNU OpenMP, the same thread pool as the
     generated code. Plugin mode only: artifacts keep OpenBLAS as their one library.
-    ``ANYSHAPE_SMALL_GEMM=openblas`` turns it off.
+    ``small_gemm="openblas"`` (the option) turns it off, and with it every oneDNN route.
     """
-    if os.environ.get("ANYSHAPE_SMALL_GEMM", "onednn").lower() == "openblas":
+    if small_gemm.lower() == "openblas":
         return []
     try:
         from importlib import metadata
@@ -111,45 +78,18 @@ def l3_cache_bytes() -> int:
         return 8 << 20
 
 
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def build_library(source: str, name: str = "graph", target: Target = NATIVE) -> Path:
+def build_library(
+    source: str, name: str = "graph", target: Target = NATIVE, options: Options | None = None
+) -> Path:
     """The path of a shared library built from ``source`` (from the cache when present)."""
-    libraries = blas_flags() + (small_gemm_flags() if target is NATIVE else [])
-    return build_cached(source, name, FLAGS + list(target.flags) + libraries)
+    options = options or Options.from_env()
+    linked = small_gemm_flags(options.small_gemm) if target is NATIVE else []
+    return build_cached(
+        source, name, FLAGS + list(target.flags) + blas_flags() + linked, options=options
+    )
 
 
-def build_cached(source: str, name: str, flags: list[str], language: str = "c++") -> Path:
-    """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++."""
-    cxx, version = compiler()
-    key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION]).encode())
-    key = key.hexdigest()[:32]
-    root = cache_dir()
-    lib, stamp = root / f"{name}-{key}.so", root / f"{name}-{key}.sha256"
-    if lib.exists() and stamp.exists() and stamp.read_text().strip() == _digest(lib):
-        return lib
-    ext = ".cpp" if language == "c++" else ".c"
-    dump = os.environ.get("ANYSHAPE_DUMP_DIR")
-    if dump:
-        Path(dump).mkdir(parents=True, exist_ok=True)
-        (Path(dump) / f"{name}-{key}{ext}").write_text(source)
-    bump("native_builds")
-    with tempfile.TemporaryDirectory(dir=root) as tmp:
-        src = Path(tmp) / f"graph{ext}"
-        src.write_text(source)
-        out = Path(tmp) / "graph.so"
-        proc = subprocess.run(
-            [cxx, "-x", language, str(src), "-o", str(out), *flags], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
-            kept = root / f"{name}-{key}.failed{ext}"
-            kept.write_text(source)
-            raise BuildError(f"C++ build failed (source kept at {kept}):\n{proc.stderr[-4000:]}")
-        digest = _digest(out)
-        os.replace(out, lib)
-        tmp_stamp = Path(tmp) / "stamp"
-        tmp_stamp.write_text(digest)
-        os.replace(tmp_stamp, stamp)
-    return lib
+def links_onednn(options: Options) -> bool:
+    """Whether a library built for this machine links oneDNN (the package is installed and
+    the ``small_gemm`` option does not turn it off): oneDNN routes then run."""
+    return "-DANYSHAPE_DNNL" in small_gemm_flags(options.small_gemm)

@@ -11,14 +11,13 @@ of all images side by side when each image has few output positions.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from ...ir.graph import Node
-from ...passes.channels_last import onednn_convolution
+from ...ir.symbolic import shape_numel
 from . import pool_emit
 from .ctypes_map import c_type
-from .expr import KernelScope, _product
+from .expr import KernelScope
 
 # Below this many output positions per image, a batch's columns share one GEMM.
 BATCHED_CONV_POSITIONS = 256
@@ -64,7 +63,7 @@ def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
     x, w = root.inputs
     kernel = [int(k) for k in w.shape[2:]]
     g = root.attr("groups")
-    ksize = int(_product(kernel))
+    ksize = int(shape_numel(kernel))
     last = root.attr("channels_last", False)
     x_spatial, y_spatial = (
         (x.shape[1:-1], root.shape[1:-1]) if last else (x.shape[2:], root.shape[2:])
@@ -86,8 +85,8 @@ def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
         po=scope.ptr(root),
         N=scope.dim(x.shape[0]),
         C=scope.dim(x.shape[-1 if last else 1]),
-        P=scope.dim(_product(y_spatial)),
-        Q=scope.dim(_product(x_spatial)),
+        P=scope.dim(shape_numel(y_spatial)),
+        Q=scope.dim(shape_numel(x_spatial)),
         ins=[scope.dim(d) for d in x_spatial],
         outs=[scope.dim(d) for d in y_spatial],
         channels_last=last,
@@ -104,61 +103,6 @@ def _im2col_tap(c: _Conv) -> list[str]:
         k = c.kernel[sdim]
         lines.append(f"    const int64_t k{sdim} = rem % {k}; rem /= {k};")
     return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
-
-
-def _dnnl_mode() -> str:
-    return os.environ.get("ANYSHAPE_DNNL_CONV", "channels_last").lower()
-
-
-def channels_last_convolutions(options) -> bool:
-    """Whether graphs for the CPU backend take the channels-last layout pass
-    (``passes/channels_last``): the build links oneDNN and ``ANYSHAPE_DNNL_CONV`` is
-    ``channels_last`` (the default)."""
-    if options.backend != "cpu" or _dnnl_mode() != "channels_last":
-        return False
-    from .build import small_gemm_flags
-
-    return "-DANYSHAPE_DNNL" in small_gemm_flags()
-
-
-def uses_dnnl_conv(root: Node) -> bool:
-    """A float32 2-D convolution without groups whose weights are a model weight: oneDNN
-    runs it when the build links oneDNN, if it is channels last or its kernel is over 1x1.
-
-    Channels-first 1x1 kernels stay a GEMM on the activations in place: oneDNN would
-    reorder them in and out, which costs more than its convolution saves.
-    ``ANYSHAPE_DNNL_CONV=spatial`` keeps every convolution channels first (no layout
-    pass), ``=all`` sends their 1x1 kernels to oneDNN too, ``=off`` keeps im2col + GEMM.
-    """
-    mode = _dnnl_mode()
-    if mode == "off" or not onednn_convolution(root):
-        return False
-    return (
-        root.attr("channels_last", False)
-        or mode == "all"
-        or _product(root.inputs[1].shape[2:]) != 1
-    )
-
-
-def runs_as_matmul(root: Node) -> bool:
-    """A channels-last 1x1 convolution with unit stride and no padding: per image, a GEMM
-    of its pixels by the weights ([O, C] as a linear layer holds them), through oneDNN's
-    matmul, whose one primitive serves every image size (a convolution primitive is made
-    for each new size, 0.3-0.5 ms)."""
-    w = root.inputs[1]
-    return (
-        root.attr("channels_last", False)
-        and tuple(w.shape[2:]) == (1, 1)
-        and all(v == 1 for v in root.attr("stride"))
-        and not any(root.attr("padding"))
-    )
-
-
-def dnnl_header(root: Node) -> str | None:
-    """The oneDNN runtime header a convolution kernel calls into, if any."""
-    if not uses_dnnl_conv(root):
-        return None
-    return "dnnl_matmul.h" if runs_as_matmul(root) else "dnnl_conv.h"
 
 
 def _conv_dnnl(c: _Conv, epilogue: list[str] | None, matmul: bool) -> list[str]:
@@ -338,8 +282,9 @@ def emit_conv(scope: KernelScope, root: Node, epilogue: list[str] | None) -> lis
     c = _conv_geometry(scope, root)
     t, g = c.t, c.groups
     lines = [f"if ({c.N} == 0 || {c.P} == 0) return 0;"]
-    if uses_dnnl_conv(root):
-        lines += _conv_dnnl(c, epilogue, runs_as_matmul(root))
+    route = scope.sched.routes.get(id(root))  # oneDNN (routes.py), when linked
+    if route is not None:
+        lines += _conv_dnnl(c, epilogue, route.as_matmul)
     if c.channels_last:
         return lines + _conv_channels_last(c, epilogue)
     # Few output positions per image (a CNN's last stages: 7x7) make each image's GEMM

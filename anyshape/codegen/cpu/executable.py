@@ -9,13 +9,17 @@ that the caller passes through itself.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from ...config import Options
 from ...ir.graph import Graph
 from ...runtime.native import NativeGraph
 from ...stats import bump
 from .build import build_library
 from .host import HostProgram, emit_translation_unit
+from .routes import CpuSettings
 
 
 class CpuExecutable:
@@ -25,14 +29,17 @@ class CpuExecutable:
         extra_symbols: list[str],
         num_threads: int = 0,
         program: HostProgram | None = None,
+        options: Options | None = None,
     ):
         """``program``: the translation unit emitted for this graph before (the model
-        cache keeps it), so a restored model skips emitting it again."""
+        cache keeps it), so a restored model skips emitting it again. ``options``
+        (default: as the environment sets them) steer routes, build and dumps."""
+        options = options or Options.from_env()
         if program is None:
-            program = emit_translation_unit(graph, extra_symbols)
+            program = emit_translation_unit(graph, extra_symbols, CpuSettings.from_options(options))
         self.program = program
         self.source = program.source
-        path = build_library(program.source, graph.name)
+        path = build_library(program.source, graph.name, options=options)
         self.library = path  # in the build cache
         bump("native_libraries")
         slot_dtypes: dict[int, object] = {}
@@ -77,6 +84,10 @@ class CpuExecutable:
     def read_profile(self) -> list[tuple[str, int, float]]:
         """(label, calls, seconds) per kernel call site since the last read."""
         return [(lbl, *cs) for lbl, cs in zip(self.kernel_labels, self.native.read_profile())]
+
+    def saved(self) -> dict:
+        """What a later compile of the same graph needs to skip emitting it (the model cache)."""
+        return dataclasses.asdict(self.program)
 
     def __call__(self, arrays: list[np.ndarray], extra: list[int]) -> list[np.ndarray | None]:
         results = self.native(arrays, extra)

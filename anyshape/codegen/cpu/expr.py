@@ -19,7 +19,7 @@ import math
 
 from ...errors import UnsupportedError
 from ...ir.graph import Node
-from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim
+from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
 from .ctypes_map import c_type, compute_type, literal, rounded
 from .schedule import Schedule
 
@@ -125,7 +125,7 @@ class KernelScope:
 
     def stride(self, node: Node, i: int) -> str:
         """Element stride of dim ``i``: every buffer is contiguous (the runtime ensures it)."""
-        return self.dim(_product(node.shape[i + 1 :]))
+        return self.dim(shape_numel(node.shape[i + 1 :]))
 
     def tmp(self, ctype: str, expr: str) -> str:
         name = f"t{self.counter}"
@@ -183,7 +183,7 @@ class KernelScope:
         if self.sched.is_materialized(node):
             expr = self.load(node, idx)
         else:
-            expr = self._fused(node, tuple(idx))
+            expr = self.fused_expression(node, tuple(idx))
             if node.op in ROUNDING_OPS:
                 expr = rounded(node.dtype, expr)
         if not _is_simple(expr):
@@ -191,7 +191,8 @@ class KernelScope:
         self.memo[key] = expr
         return expr
 
-    def _fused(self, n: Node, idx: tuple[str, ...]) -> str:
+    def fused_expression(self, n: Node, idx: tuple[str, ...]) -> str:
+        """``n`` at ``idx`` computed from its operands' values (never a load of ``n``)."""
         op, t = n.op, compute_type(n.dtype)
         if op == "constant":
             return literal(n.attr("value"), n.dtype)
@@ -288,7 +289,7 @@ class KernelScope:
             if len(in_dims) > 1 and not _is_simple(lin):
                 lin = self.tmp("int64_t", lin)
             for k, d in enumerate(in_dims):
-                inner = _product([x.shape[j] for j in in_dims[k + 1 :]])
+                inner = shape_numel([x.shape[j] for j in in_dims[k + 1 :]])
                 q = lin if inner == 1 else f"({lin} / {self.dim(inner)})"
                 src.append(q if k == 0 else f"({q} % {self.dim(x.shape[d])})")
         return self.value(x, tuple(src))
@@ -296,7 +297,7 @@ class KernelScope:
     def _linear(self, shape, idx) -> str:
         terms = []
         for i, ix in enumerate(idx):
-            inner = _product(shape[i + 1 :])
+            inner = shape_numel(shape[i + 1 :])
             terms.append(ix if inner == 1 else f"({ix}) * {self.dim(inner)}")
         return " + ".join(terms) if terms else "0"
 
@@ -455,13 +456,6 @@ def _divides(a: SymExpr, b: SymExpr) -> bool:
         return av != 0 and bv % av == 0 and abs(av) < abs(bv)
     q = b // a
     return not any(not isinstance(atom, str) for m, _ in q.terms for atom, _ in m) and q * a == b
-
-
-def _product(dims):
-    out = SymExpr.const(1)
-    for d in dims:
-        out = out * d
-    return as_dim(out)
 
 
 def _is_simple(expr: str) -> bool:

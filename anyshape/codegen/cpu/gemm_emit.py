@@ -10,12 +10,11 @@ transposes folded into the call); integer dots are a plain loop nest.
 
 from __future__ import annotations
 
-import os
-
 from ...ir.dtypes import DType
 from ...ir.graph import Node
+from ...ir.symbolic import shape_numel
 from .ctypes_map import c_type
-from .expr import KernelScope, _product
+from .expr import KernelScope
 from .schedule import Schedule
 
 
@@ -23,18 +22,6 @@ def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:
     """The buffer a dot reads for operand ``x`` and whether it reads it transposed."""
     inner = sched.transposed_operands.get(id(x))
     return (inner, True) if inner is not None else (x, False)
-
-
-def dnnl_matmul_weight(sched: Schedule, root: Node) -> Node | None:
-    """The model weight a float32 2-D dot multiplies by, when oneDNN's matmul may run it
-    with that weight packed (``ANYSHAPE_DNNL_MATMUL=off`` keeps BLAS)."""
-    if root.op != "dot" or root.dtype != DType.f32 or root.rank != 2:
-        return None
-    if os.environ.get("ANYSHAPE_DNNL_MATMUL", "on").lower() == "off":
-        return None
-    (_, ta), (w, _) = _operand(sched, root.inputs[0]), _operand(sched, root.inputs[1])
-    static = all(isinstance(d, int) and d > 0 for d in w.shape)
-    return w if not ta and w.op == "param" and w.rank == 2 and static else None
 
 
 def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> list[str]:
@@ -54,7 +41,7 @@ def emit_dot(scope: KernelScope, root: Node) -> list[str]:
     a, b = root.inputs
     m, n = root.shape[-2], root.shape[-1]
     k = a.shape[-1]
-    batch = _product(root.shape[:-2])
+    batch = shape_numel(root.shape[:-2])
     (abuf, ta), (bbuf, tb) = _operand(scope.sched, a), _operand(scope.sched, b)
     pa, pb, pc = scope.ptr(abuf), scope.ptr(bbuf), scope.ptr(root)
     M, N, K, B = (scope.dim(v) for v in (m, n, k, batch))
@@ -67,7 +54,7 @@ def emit_dot(scope: KernelScope, root: Node) -> list[str]:
             f"if ({K} == 0) {{ for (int64_t q = 0; q < {B} * {M} * {N}; ++q) (({t}*){pc})[q] = 0; "
             "return 0; }",
         ]
-        if dnnl_matmul_weight(scope.sched, root) is not None:
+        if id(root) in scope.sched.routes:  # oneDNN matmul (routes.py), when linked
             lines += _dnnl_matmul(scope, root, bbuf, tb)
         return lines + [
             f"as_gemm_batch<{t}>({'CblasTrans' if ta else 'CblasNoTrans'}, "

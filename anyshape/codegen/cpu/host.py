@@ -21,11 +21,11 @@ from importlib import resources
 from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
-from .conv_emit import dnnl_header
-from .gemm_emit import dnnl_matmul_weight
 from .kernels import Kernel, emit_kernel
 from .memory import MemoryPlan, plan_memory
-from .schedule import SOURCE_OPS, describe_kernel, members, plan_schedule
+from .op_classes import SOURCE_OPS
+from .routes import CpuSettings, plan_routes
+from .schedule import describe_kernel, members, plan_schedule
 
 
 def c_int(e, sym=lambda s: f"S_{s}") -> str:
@@ -66,10 +66,6 @@ def _cstr(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
 
 
-# Environment variables that change the emitted source (the model cache keys on them).
-SOURCE_ENV = ("ANYSHAPE_DNNL_CONV", "ANYSHAPE_DNNL_MATMUL")
-
-
 @dataclass
 class HostProgram:
     source: str
@@ -85,8 +81,11 @@ class HostProgram:
 _REASSOCIATE = '__attribute__((optimize("associative-math", "no-signed-zeros"))) '
 
 
-def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram:
+def emit_translation_unit(
+    graph: Graph, extra_symbols: list[str], settings: CpuSettings | None = None
+) -> HostProgram:
     sched = plan_schedule(graph)
+    sched.routes = plan_routes(sched, settings or CpuSettings())
     buffer_of = {id(n): k for k, n in enumerate(sched.materialized)}
     kernels = [emit_kernel(sched, root, buffer_of) for root in sched.kernels]
     names: dict[str, str] = {}
@@ -94,8 +93,8 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])
     here = resources.files(__package__)
     lines = [here.joinpath("prelude.h").read_text(), here.joinpath("vmath.h").read_text(), ""]
-    dnnl = [_dnnl_use(sched, r) for r in sched.kernels]  # (header, weight) or None
-    used = {use[0] for use in dnnl if use}
+    dnnl = [sched.routes.get(id(r)) for r in sched.kernels]  # what oneDNN runs, if linked
+    used = {route.header for route in dnnl if route}
     headers = ["dnnl.h", *sorted(used)] if used else []
     if headers:
         texts = [here.joinpath(h).read_text() for h in headers]
@@ -115,23 +114,11 @@ def emit_translation_unit(graph: Graph, extra_symbols: list[str]) -> HostProgram
         + (f" [row tail: {k.row_tail}]" if k.row_tail else "")
         for k in kernels
     ]
-    packed = sorted({use[1].attr("name") for use in dnnl if use})
-    routes = [f"{_DNNL_ROUTE[use[0]]}, weight {use[1].attr('name')}" if use else "" for use in dnnl]
+    packed = sorted({route.weight.attr("name") for route in dnnl if route})
+    routes = [route.description if route else "" for route in dnnl]
     return HostProgram(
         "\n".join(lines) + "\n", slots, extra_symbols, params, labels, described, packed, routes
     )
-
-
-_DNNL_ROUTE = {"dnnl_conv.h": "oneDNN convolution", "dnnl_matmul.h": "oneDNN matmul"}
-
-
-def _dnnl_use(sched, root: Node) -> tuple[str, Node] | None:
-    """The oneDNN runtime header a kernel calls into and the weight it packs, if any."""
-    header = dnnl_header(root)
-    if header is not None:
-        return header, root.inputs[1]
-    w = dnnl_matmul_weight(sched, root)
-    return ("dnnl_matmul.h", w) if w is not None else None
 
 
 def kernel_label(root: Node, outputs: int = 1) -> str:

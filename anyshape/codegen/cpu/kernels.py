@@ -9,7 +9,8 @@ materialized root node into a ``Kernel``: a C++ function
   dims are flattened into one OpenMP-parallel loop (parallel only above a work
   threshold), the innermost dim is a plain loop the compiler vectorizes;
 - reduce / argreduce / cumulative: the fused input expression read inside the
-  reduction loops (input fusion); sums of f32 accumulate in double;
+  reduction loops (input fusion); sums of f32 accumulate in double (``reduce_emit``);
+- stitch groups: per row, the reductions into locals, then the row (``stitch_emit``);
 - dot: oneDNN's matmul against a packed model weight, or OpenBLAS sgemm/dgemm
   (batched, transposes folded into the call) (``gemm_emit``);
 - convolution: float ones through oneDNN or im2col + GEMM (``conv_emit``), with
@@ -21,23 +22,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
-from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
-from ...ir.symbolic import SymExpr, format_dim
+from ...ir.symbolic import SymExpr, format_dim, shape_numel
 from . import conv_emit, gemm_emit, pool_emit
-from .ctypes_map import c_type, compute_type, literal
-from .expr import KernelScope, _product
+from .ctypes_map import c_type, compute_type
+from .expr import KernelScope
 from .hoist import hoist_invariants
-from .schedule import EXPENSIVE_OPS, Schedule, fused_into, members
-
-PARALLEL_WORK = 32768  # work (elements x cost per element) below which a kernel stays serial
-BLOCK = 4096  # elements per parallel block of a 1-D loop
-# Work of one row below which a stitch kernel keeps it on one thread: each of the row's
-# loops is its own parallel region (softmax over one row of 20000: 11 -> 17 us split).
-ROW_SPLIT_WORK = 8 * PARALLEL_WORK
+from .loop_nest import (
+    ROW_SPLIT_WORK,
+    indent,
+    loop_vars,
+    nest_close,
+    nest_open,
+    statements,
+    store,
+)
+from .op_classes import EXPENSIVE_OPS
+from .reduce_emit import emit_argreduce, emit_cumulative, emit_reduce
+from .schedule import Schedule, fused_into, members
+from .stitch_emit import StitchScope, emit_stitch, row_tail
 
 
 @dataclass
@@ -50,301 +54,19 @@ class Kernel:
     row_tail: str = ""  # when a stitch kernel's row loops end in a masked tail block
 
 
-def _loop_vars(rank: int, prefix: str = "i") -> list[str]:
-    return [f"{prefix}{k}" for k in range(rank)]
-
-
-def _nest_open(
-    scope: KernelScope, shape, names, work: str, lines: list[str], mode: str = "outer"
-) -> None:
-    """Open loops over ``shape``: the outer dims as one collapsed parallel loop nest.
-
-    OpenMP's ``collapse`` splits the outer iterations over threads and steps the
-    indices incrementally (no divide/modulo per row, which dominated short rows
-    such as a CNN's [N, C, H, W] maps). A 1-D nest is split into blocks so it
-    can run in parallel too. The innermost loop is left to the vectorizer.
-    ``mode`` "inner" (fewer rows than threads) also splits each row into
-    blocks, one share per thread; "serial" opens plain loops (the work is split
-    further in).
-    """
-    r = len(shape)
-    if r == 0:
-        return
-    par = f"schedule(static) if(({work}) * {scope.element_cost} > {PARALLEL_WORK})"
-    last = names[-1]
-    outer = " ".join(
-        f"for (int64_t {names[k]} = 0; {names[k]} < {scope.dim(shape[k])}; ++{names[k]})"
-        for k in range(r - 1)
-    )
-    if mode == "serial":
-        lines.append(outer + " {")
-        lines.append(f"  for (int64_t {last} = 0; {last} < {scope.dim(shape[-1])}; ++{last}) {{")
-        return
-    if mode == "inner" and r >= 2:
-        n = scope.dim(shape[-1])
-        lines.append(f"const int64_t bs = as_split_block({n}, omp_get_max_threads());")
-        lines.append(f"const int64_t nb = ({n} + bs - 1) / bs;")
-        lines.append(f"#pragma omp parallel for collapse({r}) {par}")
-        lines.append(f"{outer} for (int64_t ob = 0; ob < nb; ++ob) {{")
-        lines.append(
-            f"  for (int64_t {last} = ob * bs; {last} < as_min64({n}, (ob + 1) * bs); ++{last}) {{"
-        )
-        return
-    if r == 1:
-        n = scope.dim(shape[0])
-        lines.append(f"#pragma omp parallel for {par}")
-        lines.append(f"for (int64_t ob = 0; ob < ({n} + {BLOCK - 1}) / {BLOCK}; ++ob) {{")
-        lines.append(
-            f"  for (int64_t {last} = ob * {BLOCK}; {last} < as_min64({n}, (ob + 1) * {BLOCK}); "
-            f"++{last}) {{"
-        )
-        return
-    collapse = f"collapse({r - 1}) " if r > 2 else ""
-    lines.append(f"#pragma omp parallel for {collapse}{par}")
-    lines.append(outer + " {")
-    lines.append(f"  for (int64_t {last} = 0; {last} < {scope.dim(shape[-1])}; ++{last}) {{")
-
-
-def _nest_close(rank: int, lines: list[str]) -> None:
-    if rank:
-        lines.append("  }")
-        lines.append("}")
-
-
-def _out_offset(scope: KernelScope, node: Node, names) -> str:
-    terms = []
-    for k, n in enumerate(names):
-        st = scope.dim(_product(node.shape[k + 1 :]))
-        terms.append(n if st == "1" else f"{n} * {st}")
-    return " + ".join(terms) if terms else "0"
-
-
-def _store(scope: KernelScope, node: Node, names, value: str) -> str:
-    out = scope.ptr(node)
-    return (
-        f"(({c_type(node.dtype)}*){out})[{_out_offset(scope, node, names)}] = "
-        f"({c_type(node.dtype)})({value});"
-    )
-
-
-def _body(scope: KernelScope, compute) -> list[str]:
-    """Run ``compute`` in a fresh statement scope; returns its statements."""
-    saved_lines, saved_memo = scope.lines, scope.memo
-    scope.lines, scope.memo = [], dict(saved_memo)
-    last = compute()
-    out = scope.lines + [last]
-    scope.lines, scope.memo = saved_lines, saved_memo
-    return out
-
-
-def _indent(lines, depth):
-    return ["  " * depth + ln for ln in lines]
-
-
 def _emit_pointwise(scope: KernelScope, root: Node) -> list[str]:
-    names = tuple(_loop_vars(root.rank))
+    names = tuple(loop_vars(root.rank))
     lines: list[str] = []
     mode = "inner" if scope.split else "outer"
-    _nest_open(scope, root.shape, names, scope.dim(root.type.numel), lines, mode)
+    nest_open(scope, root.shape, names, scope.dim(root.type.numel), lines, mode)
     group = members(scope.sched, root)  # a horizontal group stores each member
 
     def stores():
-        return " ".join(_store(scope, m, names, scope._fused(m, names)) for m in group)
+        return " ".join(store(scope, m, names, scope.fused_expression(m, names)) for m in group)
 
-    body = _body(scope, stores)
-    lines += _indent(body, 2 if root.rank else 0)
-    _nest_close(root.rank, lines)
-    return lines
-
-
-_INIT = {
-    "sum": "0",
-    "prod": "1",
-    "any": "false",
-    "all": "true",
-}
-
-
-def _acc_type(kind: str, dt: DType) -> str:
-    if kind in ("any", "all"):
-        return "bool"
-    if kind in ("sum", "prod"):
-        return "double" if dt.is_float else "int64_t"
-    return compute_type(dt)
-
-
-def _combine(kind: str, acc: str, v: str, dt: DType) -> str:
-    if kind == "sum":
-        return f"{acc} += {v};"
-    if kind == "prod":
-        return f"{acc} *= {v};"
-    if kind == "any":
-        return f"{acc} = {acc} || ({v} != 0);"
-    if kind == "all":
-        return f"{acc} = {acc} && ({v} != 0);"
-    return f"{acc} = as_{kind}({acc}, {v});"
-
-
-# OpenMP reductions that vectorize the innermost reduction loop (reassociating the sum).
-_SIMD_REDUCTION = {"sum": "reduction(+:acc)", "prod": "reduction(*:acc)"}
-
-
-def _reduce_init(kind: str, dt: DType) -> str:
-    if kind in _INIT:
-        return _INIT[kind]
-    if dt.is_float:
-        return f"(({compute_type(dt)})({'' if kind == 'min' else '-'}__builtin_inf()))"
-    if dt.is_bool:
-        return "true" if kind == "min" else "false"
-    info = np.iinfo(dt.to_numpy())
-    return literal(info.max if kind == "min" else info.min, dt)
-
-
-def split_open(n: str, clauses: str) -> list[str]:
-    """Open a loop over ``n`` elements split into one block per thread (``cb``), closed
-    by two braces; ``split_range`` opens the block's own loop. Each block reduces into
-    its own accumulator and combines once: an ``omp parallel for simd`` reduction run on
-    one thread (below the work bar) came out 4x slower than a plain simd loop."""
-    return [
-        "{",
-        f"const int64_t bs = as_split_block({n}, omp_get_max_threads()), nb = ({n} + bs - 1) / bs;",
-        f"#pragma omp parallel for {clauses}",
-        "for (int64_t cb = 0; cb < nb; ++cb) {",
-    ]
-
-
-def split_range(var: str, n: str) -> str:
-    return f"for (int64_t {var} = cb * bs; {var} < as_min64({n}, (cb + 1) * bs); ++{var}) {{"
-
-
-def split_combine(kind: str, acc: str, part: str, nan: bool) -> str:
-    """Fold a block's partial ``part`` into ``acc`` (NaN flags folded apart)."""
-    if nan:
-        better = ">" if kind == "max" else "<"
-        return f"{acc}_nan |= {part}_nan; {acc} = {part} {better} {acc} ? {part} : {acc};"
-    return {"sum": f"{acc} += {part};", "prod": f"{acc} *= {part};"}.get(
-        kind, f"{acc} = as_{kind}({acc}, {part});"
-    )
-
-
-def _emit_reduce(scope: KernelScope, root: Node) -> list[str]:
-    x = root.inputs[0]
-    kind, axes = root.attr("kind"), tuple(root.attr("axes"))
-    out_names = tuple(_loop_vars(root.rank))
-    lines: list[str] = []
-    work = scope.dim(x.type.numel)
-    _nest_open(scope, root.shape, out_names, work, lines, "serial" if scope.split else "outer")
-    idx, it = [], iter(out_names)
-    for d in range(x.rank):
-        idx.append(f"r{d}" if d in axes else next(it))
-    acc_t = _acc_type(kind, x.dtype)
-    inner = [f"{acc_t} acc = {_reduce_init(kind, x.dtype)};"]
-    simd = _SIMD_REDUCTION.get(kind)
-    float_minmax = kind in ("max", "min") and x.dtype.is_float
-    if float_minmax:  # NaN propagates: tracked apart so the max/min itself vectorizes
-        inner.append("int acc_nan = 0;  // an int: a bool flag blocks vectorization (13x slower)")
-        simd = f"reduction({kind}:acc) reduction(|:acc_nan)"
-    loop_acc = "acc"
-    if scope.split:  # fewer outputs than threads: blocks of the innermost reduced dim
-        n_last = scope.dim(x.shape[axes[-1]])
-        clause = (simd or f"reduction({kind}:acc)") + (
-            f" schedule(static) if(({work}) * {scope.element_cost} > {PARALLEL_WORK})"
-        )
-        inner += split_open(n_last, clause)
-        inner.append(f"{acc_t} accp = {_reduce_init(kind, x.dtype)};")
-        if float_minmax:
-            inner.append("int accp_nan = 0;")
-        loop_acc = "accp"
-    for k, a in enumerate(axes):
-        n_axis = scope.dim(x.shape[a])
-        if simd and k == len(axes) - 1:
-            inner.append(f"#pragma omp simd {simd.replace('acc', loop_acc)}")
-        if scope.split and k == len(axes) - 1:
-            inner.append(split_range(f"r{a}", n_axis))
-        else:
-            inner.append(f"for (int64_t r{a} = 0; r{a} < {n_axis}; ++r{a}) {{")
-
-    def step():
-        v = scope.value(x, tuple(idx))
-        if float_minmax:
-            better = ">" if kind == "max" else "<"
-            return (
-                f"{loop_acc}_nan |= ({v} != {v}); "
-                f"{loop_acc} = {v} {better} {loop_acc} ? {v} : {loop_acc};"
-            )
-        return _combine(kind, loop_acc, v, x.dtype)
-
-    inner += _indent(_body(scope, step), len(axes))
-    inner += ["}"] * len(axes)
-    if scope.split:
-        inner += [split_combine(kind, "acc", "accp", float_minmax), "}", "}"]
-    if float_minmax:
-        inner.append(f'if (acc_nan) acc = ({acc_t})__builtin_nan("");')
-    inner.append(_store(scope, root, out_names, "acc"))
-    lines += _indent(inner, 2 if root.rank else 0)
-    _nest_close(root.rank, lines)
-    if any(x.shape[a] == 0 for a in axes) and kind in ("max", "min"):
-        raise UnsupportedError("max/min over an empty dim")
-    return lines
-
-
-def _emit_argreduce(scope: KernelScope, root: Node) -> list[str]:
-    x = root.inputs[0]
-    axis, kind = root.attr("axis"), root.attr("kind")
-    out_names = tuple(_loop_vars(root.rank))
-    lines: list[str] = []
-    _nest_open(scope, root.shape, out_names, scope.dim(x.type.numel), lines)
-    idx = list(out_names[:axis]) + ["r"] + list(out_names[axis:])
-    better = ">" if kind == "argmax" else "<"
-    t = compute_type(x.dtype)
-    # Eager refuses an empty reduced dim, even when the result is empty too.
-    lines.insert(0, f"if ({scope.dim(x.shape[axis])} == 0) return 5;")
-    inner = [
-        f"{t} best = 0; int64_t arg = 0;",
-        f"for (int64_t r = 0; r < {scope.dim(x.shape[axis])}; ++r) {{",
-    ]
-
-    def step():
-        v = scope.value(x, tuple(idx))
-        nan = f"as_isnan({v})"
-        return (
-            f"if (r == 0 || (!as_isnan(best) && ({nan} || {v} {better} best))) "
-            f"{{ best = {v}; arg = r; }}"
-        )
-
-    inner += _indent(_body(scope, step), 1)
-    inner.append("}")
-    inner.append(_store(scope, root, out_names, "arg"))
-    lines += _indent(inner, 2 if root.rank else 0)
-    _nest_close(root.rank, lines)
-    return lines
-
-
-def _emit_cumulative(scope: KernelScope, root: Node) -> list[str]:
-    x = root.inputs[0]
-    axis, kind = root.attr("axis"), root.attr("kind")
-    outer_shape = tuple(d for k, d in enumerate(root.shape) if k != axis)
-    outer_names = tuple(f"i{k}" for k in range(root.rank) if k != axis)
-    idx = tuple(f"i{k}" if k != axis else "r" for k in range(root.rank))
-    lines: list[str] = []
-    _nest_open(scope, outer_shape, outer_names, scope.dim(root.type.numel), lines)
-    acc_t = _acc_type(kind, x.dtype)
-    inner = [
-        f"{acc_t} acc = {_INIT[kind]};",
-        f"for (int64_t r = 0; r < {scope.dim(root.shape[axis])}; ++r) {{",
-    ]
-    body = _body(
-        scope,
-        lambda: (
-            _combine(kind, "acc", scope.value(x, idx), x.dtype)
-            + " "
-            + _store(scope, root, idx, "acc")
-        ),
-    )
-    inner += _indent(body, 1)
-    inner.append("}")
-    lines += _indent(inner, 2 if outer_shape else 0)
-    _nest_close(len(outer_shape), lines)
+    body = statements(scope, stores)
+    lines += indent(body, 2 if root.rank else 0)
+    nest_close(root.rank, lines)
     return lines
 
 
@@ -353,19 +75,19 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     if root.attr("channels_last", False):
         if root.op != "pool" or root.dtype not in (DType.f32, DType.f64) or root.rank != 4:
             raise NotImplementedError(f"channels-last {root.op} {root.type}: float 2-D pools only")
-        return pool_emit.emit_pool_channels_last(scope, root, _nest_open, _nest_close)
+        return pool_emit.emit_pool_channels_last(scope, root)
     if pool_emit.covers(root):
-        return pool_emit.emit_max_pool_rows(scope, root, _nest_open, _nest_close)
+        return pool_emit.emit_max_pool_rows(scope, root)
     conv = root.op == "convolution"
     x = root.inputs[0]
     nsp = len(root.attr("padding"))
     kernel = root.inputs[1].shape[2:] if conv else root.attr("kernel")
     stride, pad, dil = root.attr("stride"), root.attr("padding"), root.attr("dilation")
-    out_names = tuple(_loop_vars(root.rank))
+    out_names = tuple(loop_vars(root.rank))
     lead = root.rank - nsp
     lines: list[str] = []
-    work = f"{scope.dim(root.type.numel)} * {int(_product(kernel))}"
-    _nest_open(scope, root.shape, out_names, work, lines)
+    work = f"{scope.dim(root.type.numel)} * {int(shape_numel(kernel))}"
+    nest_open(scope, root.shape, out_names, work, lines)
     t = compute_type(x.dtype)
     kind = "sum" if conv else root.attr("kind")
     px = scope.ptr(x)
@@ -409,12 +131,12 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     elif kind == "max":
         value = "acc"
     elif root.attr("count_include_pad"):
-        value = f"acc / {float(_product(kernel))}"
+        value = f"acc / {float(shape_numel(kernel))}"
     else:
         value = "(cnt ? acc / cnt : 0.0)"
-    inner.append(_store(scope, root, out_names, f"({t})({value})"))
-    lines += _indent(inner, 2)
-    _nest_close(root.rank, lines)
+    inner.append(store(scope, root, out_names, f"({t})({value})"))
+    lines += indent(inner, 2)
+    nest_close(root.rank, lines)
     return lines
 
 
@@ -431,28 +153,30 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
 
 def _epilogue(scope: KernelScope, epilogue: Node) -> list[str]:
     """The epilogue loop nest over one image ``n`` of the convolution's output."""
-    names = ("n", *_loop_vars(epilogue.rank)[1:])
+    names = ("n", *loop_vars(epilogue.rank)[1:])
     lines: list[str] = []
-    work = scope.dim(_product(epilogue.shape[1:]))
-    _nest_open(scope, epilogue.shape[1:], names[1:], work, lines)
-    body = _body(scope, lambda: _store(scope, epilogue, names, scope._fused(epilogue, names)))
-    lines += _indent(body, 2)
-    _nest_close(epilogue.rank - 1, lines)
+    work = scope.dim(shape_numel(epilogue.shape[1:]))
+    nest_open(scope, epilogue.shape[1:], names[1:], work, lines)
+    body = statements(
+        scope, lambda: store(scope, epilogue, names, scope.fused_expression(epilogue, names))
+    )
+    lines += indent(body, 2)
+    nest_close(epilogue.rank - 1, lines)
     return lines
 
 
 def _flat_load(scope: KernelScope, node: Node, ptr: str, idx) -> str:
     terms = []
     for k, i in enumerate(idx):
-        st = scope.dim(_product(node.shape[k + 1 :]))
+        st = scope.dim(shape_numel(node.shape[k + 1 :]))
         terms.append(f"({i})" if st == "1" else f"({i}) * {st}")
     return f"((const {c_type(node.dtype)}*){ptr})[{' + '.join(terms)}]"
 
 
 EMITTERS = {
-    "reduce": _emit_reduce,
-    "argreduce": _emit_argreduce,
-    "cumulative": _emit_cumulative,
+    "reduce": emit_reduce,
+    "argreduce": emit_argreduce,
+    "cumulative": emit_cumulative,
     "dot": gemm_emit.emit_dot,
     "convolution": _emit_conv,
     "pool": _emit_window,
@@ -477,17 +201,17 @@ def _split_extent(sched: Schedule, root: Node):
         x, axes = root.inputs[0], root.attr("axes")
         short = (
             all(isinstance(x.shape[a], int) for a in axes)
-            and _product([x.shape[a] for a in axes]) < SPLIT_ROW_MIN
+            and shape_numel([x.shape[a] for a in axes]) < SPLIT_ROW_MIN
         )
         if root.attr("kind") not in SPLIT_REDUCTIONS or short:
             return None
-        extent, noun, what = _product(root.shape), "outputs", "each reduction"
+        extent, noun, what = shape_numel(root.shape), "outputs", "each reduction"
     elif not (stitched or root.op not in EMITTERS) or root.rank < (1 if stitched else 2):
         return None
     elif isinstance(root.shape[-1], int) and root.shape[-1] < SPLIT_ROW_MIN:
         return None
     else:
-        extent, noun = _product(root.shape[:-1]), "rows"
+        extent, noun = shape_numel(root.shape[:-1]), "rows"
         what = "each row's reductions and pass" if stitched else "the last dim"
     if isinstance(extent, int) and extent >= SPLIT_ROWS_MAX:
         return None
@@ -522,7 +246,7 @@ def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate:
         row = scope.dim(root.shape[-1])
         few += f" && {row} * {scope.element_cost} > {ROW_SPLIT_WORK}"
         cond += f" and rows longer than {ROW_SPLIT_WORK // scope.element_cost}"
-    out = [f"if ({few}) {{", *_indent(split, 1), "} else {", *_indent(lines, 1), "}"]
+    out = [f"if ({few}) {{", *indent(split, 1), "} else {", *indent(lines, 1), "}"]
     many = ", ".join([" and ".join(texts)] * bool(texts) + [f"else whole {noun} per thread"])
     return out, [" and ".join(texts + [f"{cond}: {what}"]), many]
 
@@ -545,8 +269,6 @@ def _window_refusal(scope: KernelScope, root: Node) -> list[str]:
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
     tail = ""
     if id(root) in sched.stitches:
-        from .stitch_emit import StitchScope, emit_stitch, row_tail
-
         scope = StitchScope(sched, buffer_of, root)
         tail = row_tail(root.shape[-1])
 
@@ -572,7 +294,7 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
         cond = " && ".join(c for c, _ in scope.assumptions)
         text = " and ".join(t for _, t in scope.assumptions) + " (no run-time broadcast)"
         fast, fast_variants = _split_variant(sched, scope, root, emit, fast, [text], True)
-        lines = [f"if ({cond}) {{", *_indent(fast, 1), "} else {", *_indent(general, 1), "}"]
+        lines = [f"if ({cond}) {{", *indent(fast, 1), "} else {", *indent(general, 1), "}"]
         variants = fast_variants + ["general"]
     else:
         lines, variants = _split_variant(sched, scope, root, emit, lines, [], False)

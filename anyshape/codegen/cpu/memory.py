@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 
 from ...ir.symbolic import SymExpr, as_expr
 from .kernels import Kernel
-from .schedule import SOURCE_OPS, Schedule
+from .op_classes import SOURCE_OPS
+from .schedule import Schedule
 
 REPRESENTATIVE = 64  # the value every symbol takes when sizes are compared heuristically
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node
-from .expr import _product
+from ...ir.symbolic import shape_numel
+from .loop_nest import nest_close, nest_open
 
 
 def covers(root: Node) -> bool:
@@ -40,7 +41,7 @@ def in_range_columns(off: str, n_in, n_out, stride, valid: str = "true") -> list
     ]
 
 
-def emit_max_pool_rows(scope, root: Node, nest_open, nest_close) -> list[str]:
+def emit_max_pool_rows(scope, root: Node) -> list[str]:
     x = root.inputs[0]
     (kh, kw), (sh, sw) = root.attr("kernel"), root.attr("stride")
     (ph, pw), (dh, dw) = root.attr("padding"), root.attr("dilation")
@@ -50,10 +51,10 @@ def emit_max_pool_rows(scope, root: Node, nest_open, nest_close) -> list[str]:
     H, W = (scope.dim(d) for d in x.shape[-2:])
     OW = scope.dim(root.shape[-1])
     plane_in = " + ".join(
-        [f"{names[k]} * {scope.dim(_product(x.shape[k + 1 : lead]))}" for k in range(lead)]
+        [f"{names[k]} * {scope.dim(shape_numel(x.shape[k + 1 : lead]))}" for k in range(lead)]
     )
     plane_out = " + ".join(
-        [f"{names[k]} * {scope.dim(_product(root.shape[k + 1 : lead]))}" for k in range(lead)]
+        [f"{names[k]} * {scope.dim(shape_numel(root.shape[k + 1 : lead]))}" for k in range(lead)]
     )
     plane_in, plane_out = plane_in or "0", plane_out or "0"
     oh = names[-1]
@@ -86,7 +87,7 @@ def emit_max_pool_rows(scope, root: Node, nest_open, nest_close) -> list[str]:
     return lines
 
 
-def emit_pool_channels_last(scope, root: Node, nest_open, nest_close) -> list[str]:
+def emit_pool_channels_last(scope, root: Node) -> list[str]:
     """A 2-D float pool over [N, H, W, C]: per output position, every tap in range adds
     (or takes the max of) one contiguous channel vector."""
     x = root.inputs[0]

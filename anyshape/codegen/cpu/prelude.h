@@ -28,12 +28,10 @@ template <class T> struct as_is_float {
   static constexpr bool value = as_same<T, float>::value || as_same<T, double>::value;
 };
 
-struct AsTensor {
-  void* data;
-  int64_t ndim;
-  int64_t shape[8];
-  int64_t dtype;
-};
+// The tensor descriptor of anyshape_main, declared once for the generated code, the C API
+// and the fast-call extension (the build pastes the header's text in place of this line).
+#include "anyshape_abi.h"
+typedef anyshape_tensor AsTensor;
 
 alignas(64) static const unsigned char as_zero_block[64] = {0};
 

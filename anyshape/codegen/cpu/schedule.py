@@ -16,7 +16,8 @@ elementwise, broadcast and view chains; input fusion into reductions). Last,
 runs a convolution's elementwise consumer inside it, and ``horizontal``
 merges independent loop nests over the same shape into one kernel.
 
-The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
+Which ops are roots, views, sources or cheap comes from ``op_classes`` (the op
+table's traits). The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
 """
 
 from __future__ import annotations
@@ -26,23 +27,24 @@ from dataclasses import dataclass, field
 from ...ir.graph import Graph, Node
 from .epilogue_plan import plan_epilogues
 from .horizontal import plan_horizontal
+from .op_classes import (
+    CHEAP_OPS,
+    ELEMENTWISE_OPS,
+    EXPENSIVE_OPS,
+    INDEX_OPS,
+    LIBRARY_OPS,
+    MEMORY_OPERANDS,
+    NOT_RECOMPUTED,
+    ROOT_OPS,
+    SOURCE_OPS,
+)
+from .routes import Route
 from .stitch_plan import plan_stitches
 
-ROOT_OPS = {"reduce", "argreduce", "cumulative", "dot", "convolution", "pool"}
-SOURCE_OPS = {"input", "param"}
-CHEAP_OPS = {"constant", "iota", "shape_scalar"}
-INDEX_OPS = {"broadcast_in_dim", "transpose", "slice", "reshape"}
 # Recomputing a value in each consumer is fine up to this much work (ops, transcendentals x8).
 RECOMPUTE_BUDGET = 4
 # A broadcast value at least this costly is computed once at its own size, not per copy.
 HOIST_COST = 2
-EXPENSIVE_OPS = {
-    op: 8 for op in ("exp", "log", "erf", "tanh", "sigmoid", "pow", "sin", "cos", "log1p", "expm1")
-}
-LIBRARY_OPS = {"dot", "convolution", "pool", "cumulative"}  # read operands from memory or twice
-NOT_RECOMPUTED = {"gather", "take_along_axis", "pad", "concatenate"}
-# Operands these ops read from memory (a library call or a window walk).
-MEMORY_OPERANDS = {"dot": (0, 1), "convolution": (0, 1), "pool": (0,)}
 
 
 @dataclass
@@ -62,6 +64,8 @@ class Schedule:
     epilogues: dict[int, Node] = field(default_factory=dict)
     # horizontal groups (horizontal): the first member's id -> every member, in order
     horizontal: dict[int, list[Node]] = field(default_factory=dict)
+    # library routes (routes.plan_routes): kernel root id -> what oneDNN runs there
+    routes: dict[int, Route] = field(default_factory=dict)
 
     def is_materialized(self, node: Node) -> bool:
         return id(node) in self._mat
@@ -210,8 +214,6 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
         n for n in sched.materialized if n.op not in SOURCE_OPS and id(n) not in sched.aliases
     ]
     if stitch:
-        from .expr import BINARY, UNARY  # (expr reads the schedule)
-
         read_memo: dict[int, set[int]] = {}  # both plans below ask for every kernel
 
         def reads(k: Node) -> set[int]:
@@ -220,9 +222,8 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
             return read_memo[id(k)]
 
         aliased = {id(a) for a in sched.aliases.values()}
-        elementwise = set(UNARY) | set(BINARY) | {"convert", "select", "div", "rem"}
         sched.epilogues = plan_epilogues(
-            sched.kernels, sched.stitches, outputs, aliased, reads, elementwise
+            sched.kernels, sched.stitches, outputs, aliased, reads, ELEMENTWISE_OPS
         )
         # A convolution runs where its epilogue ran: after whatever else the epilogue reads
         # (batch norm's scale and shift), and nothing else reads the convolution.

@@ -1,7 +1,8 @@
 """The loop nest of a stitch group: per row, the reductions into locals, then the row.
 
 Sits beside ``kernels`` (which dispatches here for roots ``schedule`` planned
-as stitch groups, see ``stitch_plan``). The row dims form one parallel loop
+as stitch groups, see ``stitch_plan``), over the loop and reduction pieces of
+``loop_nest`` and ``reduce_emit``. The row dims form one parallel loop
 nest; inside it, every row broadcast the root reads is evaluated first, which
 emits each reduction as a vectorized loop over the row into a scalar; then the
 root's row is written by the ordinary fused expression, where those
@@ -16,17 +17,12 @@ from ...ir.symbolic import format_dim
 from .ctypes_map import c_type, compute_type, rounded
 from .expr import KernelScope
 from .hoist import hoist_invariants
-from .kernels import (
-    _SIMD_REDUCTION,
-    PARALLEL_WORK,
-    ROW_SPLIT_WORK,
-    _acc_type,
-    _body,
-    _combine,
-    _indent,
-    _loop_vars,
-    _reduce_init,
-    _store,
+from .loop_nest import PARALLEL_WORK, ROW_SPLIT_WORK, indent, loop_vars, statements, store
+from .reduce_emit import (
+    SIMD_REDUCTION,
+    acc_type,
+    combine,
+    reduce_init,
     split_combine,
     split_open,
     split_range,
@@ -87,7 +83,7 @@ class StitchScope(KernelScope):
             expr = where
             self.slots_read.add(slot)
         else:  # the first loop over the row computes it (every loop covers the whole row)
-            expr = self.tmp(compute_type(node.dtype), self._fused(node, tuple(idx)))
+            expr = self.tmp(compute_type(node.dtype), self.fused_expression(node, tuple(idx)))
             self.stored[slot] = f"{where} = {expr};"
             self.lines.append(self.stored[slot])
         self.memo[key] = expr
@@ -116,7 +112,7 @@ class StitchScope(KernelScope):
             *head,
             f"for (int64_t {var} = {nv}; {var} < {nv} + {TAIL_LANES}; ++{var}) {{",
             f"if ({var} < {n}) {{",
-            *_indent(kept, 1),
+            *indent(kept, 1),
             "}",
             "}",
             "}",
@@ -143,9 +139,9 @@ class StitchScope(KernelScope):
         self.row_loops.add(r)
         # Lane-wise float partial sums (omp simd) over one row are as accurate as
         # eager's vectorized sums and twice as wide as double accumulators.
-        acc_t = compute_type(x.dtype) if kind == "sum" else _acc_type(kind, x.dtype)
-        lines = [f"{acc_t} {acc} = {_reduce_init(kind, x.dtype)};"]
-        simd = _SIMD_REDUCTION.get(kind, "").replace("acc", acc)
+        acc_t = compute_type(x.dtype) if kind == "sum" else acc_type(kind, x.dtype)
+        lines = [f"{acc_t} {acc} = {reduce_init(kind, x.dtype)};"]
+        simd = SIMD_REDUCTION.get(kind, "").replace("acc", acc)
         float_minmax = kind in ("max", "min") and x.dtype.is_float
         if float_minmax:
             lines.append(f"int {acc}_nan = 0;")
@@ -155,7 +151,7 @@ class StitchScope(KernelScope):
         if simd and self.split:
             loop_acc = f"{acc}p"
             lines += split_open(n_red, f"{simd} {self.row_parallel(n_red)}")
-            lines.append(f"{acc_t} {loop_acc} = {_reduce_init(kind, x.dtype)};")
+            lines.append(f"{acc_t} {loop_acc} = {reduce_init(kind, x.dtype)};")
             if float_minmax:
                 lines.append(f"int {loop_acc}_nan = 0;")
             lines.append(f"#pragma omp simd {simd.replace(acc, loop_acc)}")
@@ -169,9 +165,9 @@ class StitchScope(KernelScope):
                     f"{loop_acc}_nan |= ({v} != {v}); "
                     f"{loop_acc} = {v} {better} {loop_acc} ? {v} : {loop_acc};"
                 )
-            return _combine(kind, loop_acc, v, x.dtype)
+            return combine(kind, loop_acc, v, x.dtype)
 
-        body = _indent(_body(self, step), 1)
+        body = indent(statements(self, step), 1)
         if loop_acc != acc:
             lines += [*body, "}", split_combine(kind, acc, loop_acc, float_minmax), "}", "}"]
         else:
@@ -191,7 +187,7 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
     split variant (``scope.split``: fewer rows than threads) the rows run one after
     another and each reduction and the row pass are split over the threads instead.
     """
-    names = tuple(_loop_vars(root.rank))
+    names = tuple(loop_vars(root.rank))
     rows, last = names[:-1], names[-1]
     extents = [scope.dim(d) for d in root.shape[:-1]]
     scope.row_names = rows
@@ -225,15 +221,17 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
         for b in broadcasts:  # the reductions, once per row (memoized for the loop below)
             scope.value(b, rows + ("0",))
         scope.row_values = set(scope.memo.values())
-        inner = _body(scope, lambda: _store(scope, root, names, scope._fused(root, names)))
+        inner = statements(
+            scope, lambda: store(scope, root, names, scope.fused_expression(root, names))
+        )
         if scope.split:
             scope.lines += split_open(n, scope.row_parallel(n)) + [split_range(last, n)]
-            scope.lines += _indent(inner, 1) + ["}", "}", "}"]
+            scope.lines += indent(inner, 1) + ["}", "}", "}"]
         else:
-            scope.lines += scope.row_loop(last, n, "", _indent(inner, 1))
+            scope.lines += scope.row_loop(last, n, "", indent(inner, 1))
         return ""
 
-    body = _indent(_body(scope, row), 2 if rows else 0)
+    body = indent(statements(scope, row), 2 if rows else 0)
     # A value only the loop computing it reads (LayerNorm's output feeding GELU twice) is
     # not stored, and a kernel that reads no value back takes no row buffer.
     unread = {line for slot, line in scope.stored.items() if slot not in scope.slots_read}

@@ -18,10 +18,9 @@ canonicalized.
 from __future__ import annotations
 
 from ...ir.graph import Node
+from .op_classes import CHEAP_OPS, POINTWISE_OPS
 
 STITCH_KINDS = {"sum", "max", "min"}
-_NOT_POINTWISE = {"reduce", "argreduce", "cumulative", "dot", "convolution", "pool", "input"}
-_NOT_POINTWISE |= {"param", "gather", "take_along_axis", "pad", "concatenate"}
 
 
 def plan_stitches(
@@ -40,7 +39,7 @@ def plan_stitches(
     # Consumers first: the outermost root claims its group, and a root swallowed by
     # an earlier group (recomputed there) is no longer stored, so it is skipped.
     for root in reversed(nodes):
-        if id(root) not in mat or root.op in _NOT_POINTWISE or root.rank == 0:
+        if id(root) not in mat or root.op not in POINTWISE_OPS or root.rank == 0:
             continue
         blocked: set[int] = set()  # stored values the group reads from memory after all
         while True:
@@ -124,10 +123,10 @@ def _group(root: Node, mat: set[int], outputs: set[int], blocked: set[int]):
                 visit_full(i)
         elif (
             id(x) not in blocked
-            and x.op not in _NOT_POINTWISE
+            and x.op in POINTWISE_OPS
+            and x.op not in CHEAP_OPS
             and tuple(x.shape) == full
             and id(x) not in outputs
-            and x.op not in ("constant", "iota")
         ):
             members.add(id(x))  # stored only for its consumers here: recompute it
             unmat.add(x)

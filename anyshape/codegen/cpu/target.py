@@ -9,9 +9,9 @@ they run on (``missing_cpu_flags``).
 
 from __future__ import annotations
 
-import functools
-import platform
 from dataclasses import dataclass
+
+from ...runtime.host_cpu import host_cpu_flags, machine
 
 
 @dataclass(frozen=True)
@@ -32,25 +32,6 @@ _X86_EXTRA = (
     "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "avx_vnni", "sha_ni", "vaes",
     "vpclmulqdq", "gfni", "adx", "rdrnd", "rdseed", "aes", "pclmulqdq",
 )  # fmt: skip
-
-
-def machine() -> str:
-    m = platform.machine().lower()
-    return {"amd64": "x86_64", "arm64": "aarch64"}.get(m, m)
-
-
-@functools.lru_cache(maxsize=1)
-def host_cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags (``flags`` on x86, ``Features`` on Arm)."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def portable_target() -> Target:
@@ -82,19 +63,3 @@ def target_named(name: str) -> Target:
     if name == "native":
         return native_target()
     raise ValueError(f"unknown target {name!r}: 'portable' (default) or 'native'")
-
-
-def isa_machine(isa: str) -> str:
-    """The architecture an ISA name runs on (``x86-64-v3`` -> ``x86_64``)."""
-    name = isa.removeprefix("native-")
-    if name.startswith("x86-64"):
-        return "x86_64"
-    if name.startswith(("aarch64", "armv8")):
-        return "aarch64"
-    return name
-
-
-def missing_cpu_flags(cpu_flags) -> list[str]:
-    """The flags an artifact needs that this CPU does not have."""
-    have = host_cpu_flags()
-    return [f for f in cpu_flags if f not in have]

@@ -1,6 +1,7 @@
-/* anyshape runtime: plugin mode's whole call in C, from torch tensors to torch tensors.
+/* anyshape plugin mode: the whole model call in C, from torch tensors to torch tensors.
  *
- * Built into the fast-call extension after fastcall.c (see runtime/fastcall.py).
+ * Built into the fast-call extension after runtime/fastcall.c, whose call helpers it uses
+ * (see runtime/fastcall.py).
  * A TorchCall is made once per compiled model whose graph is one native library
  * taking the model's own inputs (plugin/direct.py decides). Calling it with the
  * model's (*args, **kwargs) puts the inputs in order, checks each is a CPU,
@@ -33,7 +34,7 @@ typedef struct {
   PyObject_HEAD vectorcallfunc vectorcall;
   as_main_fn main;
   as_free_fn free;
-  const AsTensor* params;
+  const anyshape_tensor* params;
   Py_ssize_t n_args, n_flat; /* positional inputs; all inputs */
   Py_ssize_t n_in, n_slots, n_out;
   Py_ssize_t order[TC_MAX]; /* per graph input: its flat index */
@@ -117,7 +118,7 @@ static PyObject* torchcall_new(PyTypeObject* type, PyObject* args, PyObject* kw)
   if (!self) return NULL;
   self->main = (as_main_fn)(uintptr_t)main_addr;
   self->free = (as_free_fn)(uintptr_t)free_addr;
-  self->params = (const AsTensor*)(uintptr_t)params_addr;
+  self->params = (const anyshape_tensor*)(uintptr_t)params_addr;
   self->n_args = n_args;
   self->n_flat = n_args + PyTuple_GET_SIZE(kw_names);
   self->form = form;
@@ -182,7 +183,7 @@ static int grad_enabled(void) {
 }
 
 /* Describe one tensor: 1 done, 0 not on the fast path, -1 a Python error. */
-static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, AsTensor* out) {
+static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, anyshape_tensor* out) {
   if (!is_taken_tensor(self, t)) return 0;
   PyObject* got = PyObject_GetAttr(t, s_dtype);
   if (!got) return -1;
@@ -208,7 +209,7 @@ static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, AsTens
   if (!ok) return 0;
   PyObject* shape = PyObject_GetAttr(t, s_shape);
   if (!shape) return -1;
-  if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > AS_MAX_RANK) {
+  if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) > ANYSHAPE_MAX_RANK) {
     Py_DECREF(shape);
     return 0;
   }
@@ -230,8 +231,8 @@ static int describe_tensor(TorchCall* self, PyObject* t, PyObject* dtype, AsTens
 }
 
 /* One returned buffer as a tensor that frees it with its last reference. */
-static PyObject* adopt_output(TorchCall* self, AsTensor* o, Py_ssize_t slot) {
-  npy_intp dims[AS_MAX_RANK];
+static PyObject* adopt_output(TorchCall* self, anyshape_tensor* o, Py_ssize_t slot) {
+  npy_intp dims[ANYSHAPE_MAX_RANK];
   for (int d = 0; d < o->ndim; ++d) dims[d] = (npy_intp)o->shape[d];
   PyObject* cap = PyCapsule_New(o->data, "anyshape.buffer", release);
   if (!cap) {
@@ -285,14 +286,14 @@ static PyObject* torchcall_call(PyObject* callable, PyObject* const* args, size_
   TorchCall* self = (TorchCall*)callable;
   PyObject* flat[TC_MAX];
   if (!flatten_call(self, args, nargsf, kwnames, flat)) return NOT_HERE;
-  AsTensor ins[TC_MAX];
+  anyshape_tensor ins[TC_MAX];
   for (Py_ssize_t k = 0; k < self->n_in; ++k) {
     int r = describe_tensor(self, flat[self->order[k]], PyTuple_GET_ITEM(self->dtypes, k), &ins[k]);
     if (r < 0) return NULL;
     if (r == 0) return NOT_HERE;
   }
   const Py_ssize_t n_slots = self->n_slots;
-  AsTensor outs[TC_MAX];
+  anyshape_tensor outs[TC_MAX];
   char err[1024];
   err[0] = 0;
   int code;

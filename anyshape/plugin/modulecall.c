@@ -1,6 +1,6 @@
-/* anyshape runtime: OptimizedModule.__call__ in C, so a small call runs no Python frame.
+/* anyshape plugin mode: OptimizedModule.__call__ in C, so a small call runs no Python frame.
  *
- * Built into the fast-call extension after torchcall.c (see runtime/fastcall.py);
+ * Built into the fast-call extension after plugin/torchcall.c (see runtime/fastcall.py);
  * api.py installs one ModuleCall as the class's __call__ once the extension loads.
  * A call goes straight to the module's TorchCall (its `_native_call`) when nothing
  * needs nn.Module's own call path or the Python forward: an OptimizedModule itself

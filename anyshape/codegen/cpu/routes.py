@@ -1,0 +1,107 @@
+"""Library routes: which kernels oneDNN runs, decided once per graph from the settings.
+
+Sits in the CPU backend between planning (``schedule``) and emission. The
+backend's settings (``CpuSettings``, made from ``Options``) are read here and
+nowhere else; the decision for each kernel root is stored in the plan
+(``Schedule.routes``) and read by the emitters (``gemm_emit``, ``conv_emit``),
+the host program (which oneDNN header to paste, which weights to pack) and
+``explain()``. A route holds when the build links oneDNN (the emitted call sits
+under ``#ifdef ANYSHAPE_DNNL``, next to the BLAS path an unlinked build runs).
+
+- oneDNN matmul: a float32 2-D dot whose right operand is a static 2-D model
+  weight read untransposed on the left (a linear layer), the weight packed once;
+  ``dnnl_matmul=False`` keeps BLAS.
+- oneDNN convolution: a float32 2-D convolution without groups on a model
+  weight (``passes.channels_last.onednn_convolution``), channels last, or
+  channels first with a kernel over 1x1 (a 1x1 kernel channels first stays a
+  GEMM on the activations in place: oneDNN's reorders cost more than it saves);
+  ``dnnl_conv="all"`` sends those too, ``"off"`` keeps im2col + GEMM. A channels-
+  last 1x1 convolution with unit stride and no padding runs as oneDNN's matmul
+  over the pixels, whose one primitive serves every image size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...config import Options
+from ...ir.dtypes import DType
+from ...ir.graph import Node
+from ...ir.symbolic import shape_numel
+from ...passes.channels_last import onednn_convolution
+
+CONV_MODES = ("channels_last", "spatial", "all", "off")
+
+
+@dataclass(frozen=True)
+class CpuSettings:
+    """What ``Options`` says to the CPU backend's planning and emission."""
+
+    dnnl_matmul: bool = True
+    dnnl_conv: str = "channels_last"  # one of CONV_MODES
+
+    @staticmethod
+    def from_options(options: Options) -> CpuSettings:
+        mode = options.dnnl_conv.lower()
+        if mode not in CONV_MODES:
+            raise ValueError(f"dnnl_conv must be one of {', '.join(CONV_MODES)}, got {mode!r}")
+        return CpuSettings(dnnl_matmul=bool(options.dnnl_matmul), dnnl_conv=mode)
+
+
+@dataclass(frozen=True)
+class Route:
+    """A kernel oneDNN runs: the runtime header it calls into and the weight it packs."""
+
+    header: str  # dnnl_matmul.h or dnnl_conv.h
+    weight: Node
+    as_matmul: bool = False  # a channels-last 1x1 convolution run as oneDNN's matmul
+
+    @property
+    def description(self) -> str:
+        what = "oneDNN matmul" if self.header == "dnnl_matmul.h" else "oneDNN convolution"
+        return f"{what}, weight {self.weight.attr('name')}"
+
+
+def plan_routes(sched, settings: CpuSettings) -> dict[int, Route]:
+    """Kernel root id -> its route, for the kernels of ``sched`` a library runs."""
+    routes = {}
+    for root in sched.kernels:
+        route = _conv_route(root, settings) or _matmul_route(sched, root, settings)
+        if route is not None:
+            routes[id(root)] = route
+    return routes
+
+
+def _conv_route(root: Node, settings: CpuSettings) -> Route | None:
+    if root.op != "convolution" or settings.dnnl_conv == "off":
+        return None
+    if not onednn_convolution(root):
+        return None
+    channels_last = root.attr("channels_last", False)
+    if not (
+        channels_last or settings.dnnl_conv == "all" or shape_numel(root.inputs[1].shape[2:]) != 1
+    ):
+        return None
+    as_matmul = _runs_as_matmul(root)
+    return Route("dnnl_matmul.h" if as_matmul else "dnnl_conv.h", root.inputs[1], as_matmul)
+
+
+def _runs_as_matmul(root: Node) -> bool:
+    w = root.inputs[1]
+    return bool(
+        root.attr("channels_last", False)
+        and tuple(w.shape[2:]) == (1, 1)
+        and all(v == 1 for v in root.attr("stride"))
+        and not any(root.attr("padding"))
+    )
+
+
+def _matmul_route(sched, root: Node, settings: CpuSettings) -> Route | None:
+    if not settings.dnnl_matmul or root.op != "dot" or root.dtype != DType.f32 or root.rank != 2:
+        return None
+    a = sched.transposed_operands.get(id(root.inputs[0]))
+    w = sched.transposed_operands.get(id(root.inputs[1]), root.inputs[1])
+    static = all(isinstance(d, int) and d > 0 for d in w.shape)
+    if a is None and w.op == "param" and w.rank == 2 and static:
+        return Route("dnnl_matmul.h", w)
+    return None

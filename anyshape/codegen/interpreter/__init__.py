@@ -1,0 +1,1 @@
+"""The interpreter backend: the NumPy reference interpreter behind the Backend interface."""

@@ -1,0 +1,51 @@
+"""Example inputs as users pass them, and the check of a compiled graph against eager.
+
+Part of the torch frontend, shared by plugin mode (``api.optimize``) and
+standalone export: ``split_inputs`` reads ``example_inputs`` (a tuple, a dict,
+one tensor, or ``(args, kwargs)``); ``agrees_with_eager`` runs a compiled graph
+and the model on the user's own example, to decide whether a capture traced
+from widened examples (dims of 0/1 grown to 2) holds for it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+
+def split_inputs(example_inputs) -> tuple[tuple, dict]:
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,), {}
+    if (
+        isinstance(example_inputs, tuple)
+        and len(example_inputs) == 2
+        and isinstance(example_inputs[1], dict)
+        and isinstance(example_inputs[0], tuple)
+    ):
+        return example_inputs[0], example_inputs[1]
+    return tuple(example_inputs), {}
+
+
+def agrees_with_eager(model, gm, args, kwargs) -> bool:
+    """Whether the compiled graph reproduces eager on the user's own example."""
+    with torch.no_grad():
+        try:
+            got = pytree.tree_leaves(gm(*args, **kwargs))
+        except Exception:  # any failure on the user's own example means: recapture from it
+            return False
+        want = pytree.tree_leaves(model(*args, **kwargs))
+    if len(got) != len(want):
+        return False
+    for g, w in zip(got, want):
+        if isinstance(w, torch.Tensor):
+            if not isinstance(g, torch.Tensor) or g.shape != w.shape or g.dtype != w.dtype:
+                return False
+            if w.is_floating_point() and not torch.allclose(
+                g, w, rtol=1e-3, atol=1e-3, equal_nan=True
+            ):
+                return False
+            if not w.is_floating_point() and not torch.equal(g, w):
+                return False
+    return True

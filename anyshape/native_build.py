@@ -1,0 +1,116 @@
+"""The content-addressed cache of compiled native code, shared by every backend and the runtime.
+
+Sits below the backends (``codegen/cpu/build.py`` adds the CPU flags and libraries) and
+the runtime (``runtime/fastcall.py`` builds its CPython extension here): the one place,
+outside any backend, that names the cache directory and anyshape's build version. The
+cache key hashes the source, the compiler's identity, the flags and that version; the
+library lands in ``~/.cache/anyshape`` (or ``$ANYSHAPE_CACHE_DIR``) under that key.
+Writes are atomic (build into a temporary file in the same folder, then rename), and
+each entry carries a SHA-256 of its bytes, so a truncated or corrupt entry is detected
+and rebuilt instead of loaded.
+
+A unit may ``#include "anyshape_abi.h"`` (the tensor descriptor of every compiled
+library, ``runtime/anyshape_abi.h``): the header's text is pasted in place of that line
+before hashing, so the key covers the ABI and the build needs no include path.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import re
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+from .config import Options
+from .errors import AnyshapeError
+from .stats import bump
+from .version import __version__ as VERSION
+
+_ABI_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"anyshape_abi\.h".*$', re.MULTILINE)
+
+
+class BuildError(AnyshapeError, RuntimeError):
+    """The system C++ compiler rejected generated code (an anyshape bug); says where."""
+
+
+def cache_dir(root: str = "") -> Path:
+    """The cache folder: ``root``, else the ``cache_dir`` option as the environment sets
+    it (``ANYSHAPE_CACHE_DIR``), else ``~/.cache/anyshape``."""
+    root = root or Options.from_env().cache_dir
+    path = Path(root or os.path.join(os.path.expanduser("~"), ".cache", "anyshape"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@functools.cache
+def compiler(cxx: str = "") -> tuple[str, str]:
+    """The C/C++ compiler (``cxx``, else the ``cxx`` option: ``$CXX``, else g++) and the
+    first line of its ``--version``, which is part of every cache key."""
+    cxx = cxx or Options.from_env().cxx or "g++"
+    try:
+        version = subprocess.run(
+            [cxx, "--version"], capture_output=True, text=True, check=True
+        ).stdout.splitlines()[0]
+    except (OSError, subprocess.CalledProcessError) as e:
+        raise BuildError(f"no working C++ compiler ({cxx}): {e}; install g++ or set CXX") from e
+    return cxx, version
+
+
+@functools.lru_cache(maxsize=1)
+def abi_header() -> str:
+    """The text of ``runtime/anyshape_abi.h``."""
+    return (resources.files(__package__) / "runtime" / "anyshape_abi.h").read_text()
+
+
+def with_abi_header(source: str) -> str:
+    """``source`` with each ``#include "anyshape_abi.h"`` line replaced by the header's text."""
+    return _ABI_INCLUDE.sub(lambda _: abi_header(), source)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def build_cached(
+    source: str, name: str, flags: list[str], language: str = "c++", options: Options | None = None
+) -> Path:
+    """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++.
+
+    ``options`` (default: as the environment sets them) give the compiler, the cache
+    folder and ``dump_dir``, where each newly built source is written too."""
+    options = options or Options.from_env()
+    source = with_abi_header(source)
+    cxx, version = compiler(options.cxx)
+    key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION]).encode())
+    key = key.hexdigest()[:32]
+    root = cache_dir(options.cache_dir)
+    lib, stamp = root / f"{name}-{key}.so", root / f"{name}-{key}.sha256"
+    if lib.exists() and stamp.exists() and stamp.read_text().strip() == _digest(lib):
+        return lib
+    ext = ".cpp" if language == "c++" else ".c"
+    dump = options.dump_dir
+    if dump:
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        (Path(dump) / f"{name}-{key}{ext}").write_text(source)
+    bump("native_builds")
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        src = Path(tmp) / f"graph{ext}"
+        src.write_text(source)
+        out = Path(tmp) / "graph.so"
+        proc = subprocess.run(
+            [cxx, "-x", language, str(src), "-o", str(out), *flags], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            kept = root / f"{name}-{key}.failed{ext}"
+            kept.write_text(source)
+            raise BuildError(f"C++ build failed (source kept at {kept}):\n{proc.stderr[-4000:]}")
+        digest = _digest(out)
+        os.replace(out, lib)
+        tmp_stamp = Path(tmp) / "stamp"
+        tmp_stamp.write_text(digest)
+        os.replace(tmp_stamp, stamp)
+    return lib

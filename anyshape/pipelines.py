@@ -1,0 +1,126 @@
+"""The compiler's order in one screen: the named pipeline of every mode, and the one
+compile path they all share.
+
+Every mode and frontend ends in ``compile_graph(graph, options, target)``: the
+shared IR passes, the layout passes the chosen backend asks for, then that
+backend (``codegen/registry.py``), for this process (an ``Executable``) or for
+a standalone artifact (a library for a named ISA level). What differs between
+modes is only how a graph is produced and what wraps the result, and that is
+listed below, stage by stage, as ``(stage, "module:function", what it does)``;
+``tests/test_structure.py`` checks every name resolves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .codegen.backend import Executable, ExportedLibrary
+from .codegen.registry import backend_named
+from .config import Options
+from .errors import UnsupportedError
+from .ir.graph import Graph, graph_symbols
+from .passes.pipeline import run_pipeline
+from .runtime.binder import InputSpec, ShapeBinder
+
+# anyshape.optimize(model, examples): a torch model; what cannot compile runs in PyTorch
+PLUGIN = [
+    (
+        "pytree types",
+        "anyshape.plugin.pytree_types:exportable_caches",
+        "KV-cache outputs capturable",
+    ),
+    ("model cache", "anyshape.plugin.model_cache:restore", "same model compiled before: skip all"),
+    ("capture", "anyshape.frontends.torch.capture:capture_export", "torch.export, dims Dim.AUTO"),
+    ("decompose", "anyshape.frontends.torch.capture:capture_program", "core ATen, guards kept"),
+    ("size rewrites", "anyshape.frontends.torch.size_rewrites:register_size_rewrites", "exact"),
+    ("partition", "anyshape.plugin.partition:plan_partitions", "which FX nodes lower: clusters"),
+    ("lower", "anyshape.frontends.torch.lowering:lower_cluster", "ATen -> IR, one rule table"),
+    ("compile", "anyshape.pipelines:compile_graph", "passes, layouts, backend (below)"),
+    ("assemble", "anyshape.plugin.assemble:assemble", "FX graph calls the compiled units"),
+    ("direct call", "anyshape.plugin.direct:plan_direct", "one cluster: called without FX"),
+    ("guard variants", "anyshape.plugin.guard_variants:GuardVariants", "other cases on demand"),
+]
+
+# what torch.export cannot capture (.item() feeding Python): TorchDynamo, graph by graph
+DYNAMO_CAPTURE = [
+    ("trace", "anyshape.plugin.dynamo_capture:DynamoModule", "Dynamo runs Python; breaks in torch"),
+    ("each graph", "anyshape.plugin.dynamo_backend:compile_forward", "AOTAutograd, then PLUGIN"),
+]
+
+# torch.compile(model, backend="anyshape"): Dynamo's graphs, forward compiled
+TORCH_COMPILE = [
+    ("backend", "anyshape.plugin.dynamo_backend:anyshape_backend", "Dynamo hands over graphs"),
+    (
+        "forward",
+        "anyshape.plugin.dynamo_backend:compile_forward",
+        "partition/lower/compile/assemble",
+    ),
+]
+
+# anyshape.export / anyshape compile: one graph, nothing falls back, a portable library
+STANDALONE = [
+    ("capture", "anyshape.frontends.torch.capture:capture_export", "as in PLUGIN"),
+    ("lower", "anyshape.frontends.torch.lowering:lower_cluster", "the whole graph, or an error"),
+    ("compile", "anyshape.pipelines:compile_graph", "target 'portable' (x86-64-v3) or 'native'"),
+    ("write", "anyshape.standalone.format:write_artifact", "header, manifest, library, weights"),
+    ("load", "anyshape.standalone.loader:load", "checks, weights mapped, library from memory"),
+]
+
+# compile_graph: the same for every mode
+COMPILE = [
+    ("passes", "anyshape.passes.pipeline:run_pipeline", "canonical shapes, simplify; layouts"),
+    ("backend", "anyshape.codegen.registry:backend_named", "cpu or interpreter (Backend)"),
+]
+
+PIPELINES = {
+    "plugin": PLUGIN,
+    "dynamo_capture": DYNAMO_CAPTURE,
+    "torch_compile": TORCH_COMPILE,
+    "standalone": STANDALONE,
+    "compile": COMPILE,
+}
+
+
+@dataclass
+class CompiledGraph:
+    """A graph through the compile path: what runs, how its calls are checked."""
+
+    graph: Graph  # after the passes: what the backend compiled
+    binder: ShapeBinder  # binds symbols from input shapes, checks ranges and guards
+    extra_symbols: list[str]  # symbols no input dim carries: passed with each call
+    executable: Executable | None = None  # built for this process (target None)
+    library: ExportedLibrary | None = None  # built for an artifact (a named target)
+
+
+def compile_graph(
+    graph: Graph,
+    options: Options,
+    target: str | None = None,
+    *,
+    passes_ran: bool = False,
+    saved: dict | None = None,
+) -> CompiledGraph:
+    """``graph`` through the shared passes and ``options.backend``.
+
+    ``target`` None builds for this process; ``"portable"`` or ``"native"`` builds
+    a library for a standalone artifact. ``passes_ran``: the graph already went
+    through the passes (the model cache keeps it so), and ``saved`` is what the
+    backend's executable kept for it then.
+    """
+    backend = backend_named(options.backend)
+    if not passes_ran:
+        graph = run_pipeline(graph, options, backend.layouts(options))
+    specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in graph.inputs]
+    binder = ShapeBinder(specs, graph.constraints, what=f"cluster @{graph.name}")
+    extra = sorted(graph_symbols(graph) - binder.origin.keys())
+    compiled = CompiledGraph(graph, binder, extra)
+    if target is not None and extra:
+        raise UnsupportedError(
+            f"needs sizes that no input dim carries ({', '.join(extra)}): data-dependent "
+            "shapes cannot be built into an artifact"
+        )
+    if target is None:
+        compiled.executable = backend.compile(graph, extra, options, saved)
+    else:
+        compiled.library = backend.export(graph, options, target)
+    return compiled

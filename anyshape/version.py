@@ -1,0 +1,3 @@
+"""The version of anyshape: recorded in artifacts, part of every cache key."""
+
+__version__ = "0.1.0"
