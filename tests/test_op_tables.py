@@ -58,10 +58,11 @@ def test_traits_are_declared_and_queried_from_the_table():
         ops_with("pointwise")
 
 
-def test_cpu_backend_classifies_every_op():
-    from anyshape.codegen.cpu import op_classes as cpu
+def test_planner_classifies_every_op_and_the_cpu_backend_renders_each_class():
     from anyshape.codegen.cpu.expr import BINARY, UNARY, KernelScope
     from anyshape.codegen.cpu.kernels import EMITTERS
+    from anyshape.schedule import op_classes as cpu
+    from anyshape.schedule.costs import TargetCosts
 
     # Each op's class follows from its traits; an op none of them covers is a KeyError.
     classes = {op: cpu.op_class(op) for op in OPS}
@@ -74,9 +75,9 @@ def test_cpu_backend_classifies_every_op():
     assert set(UNARY) | set(BINARY) | {"div", "rem", "select", "convert"} == cpu.ELEMENTWISE_OPS
     fused_by_name = cpu.INDEX_OPS | cpu.NOT_RECOMPUTED
     assert all(hasattr(KernelScope, f"_op_{op}") for op in fused_by_name)
-    # The backend's own cost tables name ops of the table, of the class they assume.
-    assert set(cpu.EXPENSIVE_OPS) <= cpu.ELEMENTWISE_OPS
-    assert set(cpu.MEMORY_OPERANDS) <= cpu.LIBRARY_OPS
+    # The target's cost tables name ops of the table, of the class they assume.
+    assert set(TargetCosts().expensive_ops) <= cpu.ELEMENTWISE_OPS
+    assert set(TargetCosts().memory_operands) <= cpu.LIBRARY_OPS
 
 
 def test_builder_rejects_an_unknown_op():

@@ -46,7 +46,8 @@ def format_attr(v) -> str:
     raise TypeError(f"cannot print attribute value {v!r}")
 
 
-def _value_names(graph) -> dict[int, str]:
+def value_names(graph) -> dict[int, str]:
+    """Node id -> the name ``print_graph`` gives it (``x`` for input x, else 0, 1, ...)."""
     names: dict[int, str] = {}
     used: set[str] = set()
     for i, n in enumerate(graph.inputs):
@@ -66,7 +67,7 @@ def _value_names(graph) -> dict[int, str]:
 
 
 def print_graph(graph) -> str:
-    names = _value_names(graph)
+    names = value_names(graph)
     args = ", ".join(f"%{names[id(n)]}: {n.type}" for n in graph.inputs)
     lines = [f"graph @{graph.name}({args}) {{"]
     facts = graph.constraints.describe()

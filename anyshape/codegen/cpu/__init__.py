@@ -1,8 +1,10 @@
 """The x86-64/AArch64 CPU backend: C++ kernels + a host program, built by the system compiler.
 
-Pipeline inside the backend: ``schedule`` (what is materialized, what fuses),
-``kernels`` (one loop nest per materialized value, over ``expr``'s fused
-expressions), ``host`` (the per-graph host program: prologue, buffers, calls),
-``build`` (g++ with OpenMP, content-addressed cache). ``runtime.native`` loads
-and calls the result.
+Reached through ``codegen/registry.py`` (``backend.CpuBackend``). Inside, in
+order (``pipelines.CPU_BACKEND``): the kernel plan of ``anyshape/schedule`` with
+the CPU's costs (``costs``), the oneDNN routes (``routes``), ``kernels`` (one
+loop nest per kernel root, over ``expr``'s fused expressions), ``host`` (the
+per-graph host program: prologue, buffers, calls; ``memory`` shares workspace
+slots), ``build`` (g++ with OpenMP, content-addressed cache). ``executable``
+loads the result through ``runtime.native`` and calls it.
 """

@@ -14,7 +14,7 @@ from ..backend import Backend, ExportedLibrary
 from .build import build_library, links_onednn
 from .executable import CpuExecutable
 from .host import HostProgram, emit_translation_unit
-from .routes import CpuSettings
+from .routes import CpuSettings, plan_kernels
 from .target import target_named
 
 
@@ -38,7 +38,7 @@ class CpuBackend(Backend):
 
     def export(self, graph: Graph, options: Options, target: str) -> ExportedLibrary:
         isa = target_named(target)
-        program = emit_translation_unit(graph, [], CpuSettings.from_options(options))
+        program = emit_translation_unit(graph, [], plan_kernels(graph, options))
         library = build_library(program.source, "export", isa, options).read_bytes()
         return ExportedLibrary(
             library=library,

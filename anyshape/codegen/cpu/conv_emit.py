@@ -2,7 +2,7 @@
 
 Sits beside ``kernels`` (whose ``convolution`` emitter calls ``emit_conv`` for
 float32/float64 and passes the loop nest of the convolution's epilogue, see
-``epilogue_plan``). A 2-D float32 convolution without groups, with a kernel over
+``anyshape/schedule/epilogue.py``). A 2-D float32 convolution without groups, with a kernel over
 1x1 and a model weight as weights, first tries oneDNN one image at a time
 (``dnnl_conv.h``, only compiled when the build links oneDNN); every float
 convolution has the im2col + GEMM path: per (image, group), or with the columns

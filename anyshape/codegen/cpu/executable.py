@@ -19,7 +19,7 @@ from ...runtime.native import NativeGraph
 from ...stats import bump
 from .build import build_library
 from .host import HostProgram, emit_translation_unit
-from .routes import CpuSettings
+from .routes import plan_kernels
 
 
 class CpuExecutable:
@@ -36,7 +36,7 @@ class CpuExecutable:
         (default: as the environment sets them) steer routes, build and dumps."""
         options = options or Options.from_env()
         if program is None:
-            program = emit_translation_unit(graph, extra_symbols, CpuSettings.from_options(options))
+            program = emit_translation_unit(graph, extra_symbols, plan_kernels(graph, options))
         self.program = program
         self.source = program.source
         path = build_library(program.source, graph.name, options=options)

@@ -20,8 +20,8 @@ import math
 from ...errors import UnsupportedError
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
+from ...schedule.plan import Schedule
 from .ctypes_map import c_type, compute_type, literal, rounded
-from .schedule import Schedule
 
 UNARY = {
     "neg": "(-{0})",

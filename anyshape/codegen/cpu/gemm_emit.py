@@ -13,9 +13,9 @@ from __future__ import annotations
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import shape_numel
+from ...schedule.plan import Schedule
 from .ctypes_map import c_type
 from .expr import KernelScope
-from .schedule import Schedule
 
 
 def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:

@@ -18,14 +18,15 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
+from ...config import Options
 from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
+from ...schedule.op_classes import SOURCE_OPS
+from ...schedule.plan import Schedule, describe_kernel, members
 from .kernels import Kernel, emit_kernel
 from .memory import MemoryPlan, plan_memory
-from .op_classes import SOURCE_OPS
-from .routes import CpuSettings, plan_routes
-from .schedule import describe_kernel, members, plan_schedule
+from .routes import plan_kernels
 
 
 def c_int(e, sym=lambda s: f"S_{s}") -> str:
@@ -82,10 +83,12 @@ _REASSOCIATE = '__attribute__((optimize("associative-math", "no-signed-zeros")))
 
 
 def emit_translation_unit(
-    graph: Graph, extra_symbols: list[str], settings: CpuSettings | None = None
+    graph: Graph, extra_symbols: list[str], sched: Schedule | None = None
 ) -> HostProgram:
-    sched = plan_schedule(graph)
-    sched.routes = plan_routes(sched, settings or CpuSettings())
+    """The translation unit for ``graph`` as planned by ``sched`` (default: the plan
+    for the options the environment sets)."""
+    if sched is None:
+        sched = plan_kernels(graph, Options.from_env())
     buffer_of = {id(n): k for k, n in enumerate(sched.materialized)}
     kernels = [emit_kernel(sched, root, buffer_of) for root in sched.kernels]
     names: dict[str, str] = {}

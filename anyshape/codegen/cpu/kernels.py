@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, format_dim, shape_numel
+from ...schedule.plan import Schedule, fused_into, members
 from . import conv_emit, gemm_emit, pool_emit
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
@@ -38,9 +39,7 @@ from .loop_nest import (
     statements,
     store,
 )
-from .op_classes import EXPENSIVE_OPS
 from .reduce_emit import emit_argreduce, emit_cumulative, emit_reduce
-from .schedule import Schedule, fused_into, members
 from .stitch_emit import StitchScope, emit_stitch, row_tail
 
 
@@ -227,7 +226,7 @@ def element_cost(sched: Schedule, root: Node) -> int:
     """
     group = members(sched, root)
     nodes = [*group, *fused_into(sched, root)]
-    return min(len(group) + sum(EXPENSIVE_OPS.get(n.op, 0) for n in nodes), 32)
+    return min(len(group) + sum(sched.costs.expensive_ops.get(n.op, 0) for n in nodes), 32)
 
 
 def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate: bool):

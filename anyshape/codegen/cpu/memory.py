@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...ir.symbolic import SymExpr, as_expr
+from ...schedule.op_classes import SOURCE_OPS
+from ...schedule.plan import Schedule
 from .kernels import Kernel
-from .op_classes import SOURCE_OPS
-from .schedule import Schedule
 
 REPRESENTATIVE = 64  # the value every symbol takes when sizes are compared heuristically
 

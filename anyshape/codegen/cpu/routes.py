@@ -1,6 +1,7 @@
 """Library routes: which kernels oneDNN runs, decided once per graph from the settings.
 
-Sits in the CPU backend between planning (``schedule``) and emission. The
+Sits in the CPU backend between planning (``anyshape/schedule``) and emission:
+``plan_kernels`` runs the planner with the CPU's costs and adds the routes. The
 backend's settings (``CpuSettings``, made from ``Options``) are read here and
 nowhere else; the decision for each kernel root is stored in the plan
 (``Schedule.routes``) and read by the emitters (``gemm_emit``, ``conv_emit``),
@@ -29,6 +30,9 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import shape_numel
 from ...passes.channels_last import onednn_convolution
+from ...schedule.hooks import after_planning
+from ...schedule.plan import Schedule, plan_schedule
+from .costs import CPU_COSTS
 
 CONV_MODES = ("channels_last", "spatial", "all", "off")
 
@@ -60,6 +64,14 @@ class Route:
     def description(self) -> str:
         what = "oneDNN matmul" if self.header == "dnnl_matmul.h" else "oneDNN convolution"
         return f"{what}, weight {self.weight.attr('name')}"
+
+
+def plan_kernels(graph, options: Options) -> Schedule:
+    """The CPU backend's kernel plan for ``graph``: the planner with the CPU's costs,
+    then the library routes; verified and dumped as the options say."""
+    sched = plan_schedule(graph, CPU_COSTS)
+    sched.routes = plan_routes(sched, CpuSettings.from_options(options))
+    return after_planning(sched, options)
 
 
 def plan_routes(sched, settings: CpuSettings) -> dict[int, Route]:

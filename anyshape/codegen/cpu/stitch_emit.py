@@ -1,7 +1,7 @@
 """The loop nest of a stitch group: per row, the reductions into locals, then the row.
 
-Sits beside ``kernels`` (which dispatches here for roots ``schedule`` planned
-as stitch groups, see ``stitch_plan``), over the loop and reduction pieces of
+Sits beside ``kernels`` (which dispatches here for roots the kernel plan made
+as stitch groups, see ``anyshape/schedule/stitch.py``), over the loop and reduction pieces of
 ``loop_nest`` and ``reduce_emit``. The row dims form one parallel loop
 nest; inside it, every row broadcast the root reads is evaluated first, which
 emits each reduction as a vectorized loop over the row into a scalar; then the

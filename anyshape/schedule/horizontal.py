@@ -1,6 +1,6 @@
 """Horizontal fusion: independent loop nests over the same shape become one kernel.
 
-Sits at the end of ``schedule``, after stitch planning. Two pointwise kernels
+Sits at the end of the kernel plan (``plan.py``), after stitch planning. Two pointwise kernels
 (loop fusion roots, not stitch groups nor library calls) whose outputs have
 the same symbolic shape and neither of which reads the other, even through
 other kernels, can share one loop nest that stores both outputs: one parallel
@@ -12,19 +12,17 @@ A group runs where its first member ran: a later kernel may join when every
 kernel it reads runs before that point, so moving it up breaks no dependency
 (and nothing between can have read it). GPT-2's value transpose, computed from
 the fused q/k/v GEMM, joins the query transpose that way, ahead of the
-attention scores. Groups are capped at ``MAX_MEMBERS`` outputs, which keeps
+attention scores. Groups are capped at ``max_members`` outputs (a target cost), which keeps
 the streams a loop nest reads and writes within what the prefetchers track.
 """
 
 from __future__ import annotations
 
-from ...ir.graph import Node
-
-MAX_MEMBERS = 4
+from ..ir.graph import Node
 
 
 def plan_horizontal(
-    kernels: list[Node], pointwise: set[int], region_reads
+    kernels: list[Node], pointwise: set[int], region_reads, max_members: int = 4
 ) -> tuple[list[Node], dict[int, list[Node]]]:
     """The kernel order with each group at its first member, and the groups:
     first member's id -> every member in order (the first member included).
@@ -40,7 +38,7 @@ def plan_horizontal(
         key = (tuple(k.shape), k.dtype)
         ready = max((position[v] for v in region_reads(k) if v in position), default=-1)
         joinable = [
-            g for g in groups.get(key, []) if len(g) < MAX_MEMBERS and ready < position[id(g[0])]
+            g for g in groups.get(key, []) if len(g) < max_members and ready < position[id(g[0])]
         ]
         if joinable:
             joinable[0].append(k)

@@ -1,6 +1,6 @@
 """Convolution epilogues: the elementwise kernel after a convolution runs inside it.
 
-Sits inside ``schedule``, after stitch planning and before horizontal fusion.
+Sits inside the kernel plan (``plan.py``), after stitch planning and before horizontal fusion.
 A CNN follows every convolution with batch norm and ReLU (and, closing a
 residual block, the skip add): one loop nest that reads the convolution's
 output once more from memory, a full pass over every activation (6 % of
@@ -12,8 +12,8 @@ image's GEMM, while the output is still in cache.
 
 from __future__ import annotations
 
-from ...ir.dtypes import DType
-from ...ir.graph import Node
+from ..ir.dtypes import DType
+from ..ir.graph import Node
 
 
 def plan_epilogues(

@@ -1,6 +1,6 @@
 """Stitch fusion planning: row reductions computed inside the kernel that consumes them.
 
-Sits inside ``schedule``, after materialization is decided. A *stitch group*
+Sits inside the kernel plan (``plan.py``), after materialization is decided. A *stitch group*
 is a pointwise root R (softmax's divide, layer norm's affine output) whose
 fused expression reads reductions over the last axis of R's own shape, broadcast
 back along that axis. Instead of one kernel per reduction (each a pass over
@@ -17,7 +17,7 @@ canonicalized.
 
 from __future__ import annotations
 
-from ...ir.graph import Node
+from ..ir.graph import Node
 from .op_classes import CHEAP_OPS, POINTWISE_OPS
 
 STITCH_KINDS = {"sum", "max", "min"}

@@ -1,6 +1,7 @@
-"""Kernel planning for the CPU backend: which values live in memory, which are fused.
+"""Kernel planning: which values live in memory, which are fused.
 
-Sits first in the CPU codegen. A value is *materialized* (gets a buffer) when it
+Sits first in the kernel plan (``schedule/__init__.py``), before any backend
+emits code; target costs come in as ``costs.TargetCosts``. A value is *materialized* (gets a buffer) when it
 is a graph input, weight or output, the result of a root op (reduction, scan,
 GEMM, convolution, pooling), an operand a library call needs in memory, or
 used by several consumers and not cheap to recompute (a cheap value — a few
@@ -11,40 +12,35 @@ size, and each consumer reads through it). A reshape that must be in memory (a
 GEMM operand) aliases its source's buffer instead of copying it. Every other value is computed
 inside the loop nest of the kernel that consumes it (loop fusion of
 elementwise, broadcast and view chains; input fusion into reductions). Last,
-``stitch_plan`` folds row reductions into the kernel that consumes them
-(softmax, layer norm: one kernel, one pass over memory), ``epilogue_plan``
+``stitch`` folds row reductions into the kernel that consumes them
+(softmax, layer norm: one kernel, one pass over memory), ``epilogue``
 runs a convolution's elementwise consumer inside it, and ``horizontal``
 merges independent loop nests over the same shape into one kernel.
 
 Which ops are roots, views, sources or cheap comes from ``op_classes`` (the op
-table's traits). The plan is data (``Schedule``); ``kernels`` and ``host`` print it.
+table's traits). The plan is data (``Schedule``), printed by ``printer`` and
+checked by ``verifier``; a backend's emitters (the CPU's ``kernels`` and ``host``)
+write it as code.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...ir.graph import Graph, Node
-from .epilogue_plan import plan_epilogues
+from ..ir.graph import Graph, Node
+from .costs import TargetCosts
+from .epilogue import plan_epilogues
 from .horizontal import plan_horizontal
 from .op_classes import (
     CHEAP_OPS,
     ELEMENTWISE_OPS,
-    EXPENSIVE_OPS,
     INDEX_OPS,
     LIBRARY_OPS,
-    MEMORY_OPERANDS,
     NOT_RECOMPUTED,
     ROOT_OPS,
     SOURCE_OPS,
 )
-from .routes import Route
-from .stitch_plan import plan_stitches
-
-# Recomputing a value in each consumer is fine up to this much work (ops, transcendentals x8).
-RECOMPUTE_BUDGET = 4
-# A broadcast value at least this costly is computed once at its own size, not per copy.
-HOIST_COST = 2
+from .stitch import plan_stitches
 
 
 @dataclass
@@ -56,16 +52,19 @@ class Schedule:
     transposed_operands: dict[int, Node] = field(default_factory=dict)
     # reshapes of a buffer that need memory: they share the buffer (no copy kernel)
     aliases: dict[int, Node] = field(default_factory=dict)
-    # stitch groups (stitch_plan): root id -> the row broadcasts it computes per row
+    # stitch groups (stitch.py): root id -> the row broadcasts it computes per row
     stitches: dict[int, list[Node]] = field(default_factory=dict)
     # ... and the full-row values it keeps in a per-thread row buffer (softmax's exp)
     row_buffered: dict[int, list[Node]] = field(default_factory=dict)
-    # convolution epilogues (epilogue_plan): convolution id -> the loop nest it runs
+    # convolution epilogues (epilogue.py): convolution id -> the loop nest it runs
     epilogues: dict[int, Node] = field(default_factory=dict)
     # horizontal groups (horizontal): the first member's id -> every member, in order
     horizontal: dict[int, list[Node]] = field(default_factory=dict)
-    # library routes (routes.plan_routes): kernel root id -> what oneDNN runs there
-    routes: dict[int, Route] = field(default_factory=dict)
+    # what the target's costs were (the emitters estimate work from them too)
+    costs: TargetCosts = field(default_factory=TargetCosts)
+    # library routes, decided by the backend after planning: kernel root id -> its own
+    # record of what a library runs there (the CPU backend's ``routes.Route``)
+    routes: dict[int, object] = field(default_factory=dict)
 
     def is_materialized(self, node: Node) -> bool:
         return id(node) in self._mat
@@ -93,7 +92,7 @@ def _feeds_library(n: Node, consumers: dict[int, list[Node]]) -> bool:
     return any(c.op in LIBRARY_OPS for c in consumers[id(n)])
 
 
-def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
+def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool = True) -> Schedule:
     nodes = graph.nodes()
     consumers: dict[int, list[Node]] = {}  # one entry per use
     for n in nodes:
@@ -102,7 +101,8 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
     users = {k: len(v) for k, v in consumers.items()}
     outputs = {id(o) for o in graph.outputs}
     mat: set[int] = set()
-    sched = Schedule(graph)
+    costs = costs or TargetCosts()
+    sched = Schedule(graph, costs=costs)
 
     def recomputable(n: Node) -> bool:
         if id(n) in mat or n.op in CHEAP_OPS:
@@ -141,7 +141,7 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
             x = x.inputs[0]
 
     for n in nodes:
-        for k in MEMORY_OPERANDS.get(n.op, ()):
+        for k in costs.memory_operands.get(n.op, ()):
             src = n.inputs[k]
             if n.op == "dot" and src.op == "transpose" and _swaps_last_two(src):
                 need_memory(src.inputs[0])
@@ -155,7 +155,7 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
         if id(n) in mat or n.op in CHEAP_OPS:
             return 0
         if id(n) not in cost:
-            own = EXPENSIVE_OPS.get(n.op, 1)
+            own = costs.expensive_ops.get(n.op, 1)
             cost[id(n)] = min(own + sum(fused_cost(i) for i in n.inputs), 1 << 20)
         return cost[id(n)]
 
@@ -174,7 +174,7 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
             continue
         # Several elementwise consumers of a cheap value recompute it (a bias add feeding
         # GELU's two uses fuses into one pass); anything else is computed once in memory.
-        cheap = fused_cost(n) <= RECOMPUTE_BUDGET and n.op not in NOT_RECOMPUTED
+        cheap = fused_cost(n) <= costs.recompute_budget and n.op not in NOT_RECOMPUTED
         if cheap and not _feeds_library(n, consumers):
             continue
         mat.add(id(n))
@@ -203,7 +203,7 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
         if n.op != "broadcast_in_dim" or id(n) in mat:
             continue
         x = n.inputs[0]
-        if id(x) in mat or recomputable(x) or fused_cost(x) < HOIST_COST or not _expands(n):
+        if id(x) in mat or recomputable(x) or fused_cost(x) < costs.hoist_cost or not _expands(n):
             continue
         if not region_unstored(x):
             mat.add(id(x))
@@ -237,7 +237,9 @@ def plan_schedule(graph: Graph, stitch: bool = True) -> Schedule:
         pointwise = {
             id(k) for k in sched.kernels if k.op not in ROOT_OPS and id(k) not in sched.stitches
         }
-        sched.kernels, sched.horizontal = plan_horizontal(sched.kernels, pointwise, reads)
+        sched.kernels, sched.horizontal = plan_horizontal(
+            sched.kernels, pointwise, reads, costs.horizontal_members
+        )
     return sched
 
 

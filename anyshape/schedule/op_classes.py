@@ -1,17 +1,19 @@
-"""How the CPU backend treats each op of the op table, read from the ops' traits.
+"""How the kernel planner treats each op of the op table, read from the ops' traits.
 
-Sits under the planning of the CPU backend (``schedule``, ``stitch_plan``,
-``epilogue_plan``, ``memory``): they ask these sets which ops get a buffer,
-which are recomputed by every consumer and which fuse into a loop nest. Each
-op's class follows from its traits in ``ir/ops.py`` (``CLASS_OF_TRAIT``); the
-only decisions made here are the backend's own, commented where they are made.
+Sits under the planning (``plan``, ``stitch``, ``epilogue``, ``horizontal``;
+the CPU backend's ``memory`` and emitters too): they ask these sets which ops
+get a buffer, which are recomputed by every consumer and which fuse into a loop
+nest. Each op's class follows from its traits in ``ir/ops.py``
+(``CLASS_OF_TRAIT``); the only decisions made here are the planner's own,
+commented where they are made. What an op costs on a target is not here but in
+``costs.py``, given by the backend.
 """
 
 from __future__ import annotations
 
-from ...ir.ops import OPS
+from ..ir.ops import OPS
 
-# The backend's class of an op: the first of these traits the op has decides it.
+# The planner's class of an op: the first of these traits the op has decides it.
 CLASS_OF_TRAIT = (
     ("external", "buffer"),  # given by the caller or the graph: always in memory
     ("generated", "cheap"),  # from attributes and the index: recomputed wherever read
@@ -32,13 +34,13 @@ CLASS_OF_TRAIT = (
 
 
 def op_class(op: str) -> str:
-    """The backend class of ``op`` (see ``CLASS_OF_TRAIT``); a ``KeyError`` for an op
+    """The planner's class of ``op`` (see ``CLASS_OF_TRAIT``); a ``KeyError`` for an op
     none of whose traits is classified."""
     traits = OPS[op].traits
     for trait, cls in CLASS_OF_TRAIT:
         if trait in traits:
             return cls
-    raise KeyError(f"the CPU backend has no class for op {op!r} (traits {sorted(traits)})")
+    raise KeyError(f"the kernel planner has no class for op {op!r} (traits {sorted(traits)})")
 
 
 def ops_of_class(*classes: str) -> frozenset[str]:
@@ -57,10 +59,3 @@ ROOT_OPS = ops_of_class("reduction_root", "library_root")
 # Computed element by element at an index, inside a loop nest: stitch groups grow through
 # them and may recompute one that is stored.
 POINTWISE_OPS = ops_of_class("cheap", "index", "elementwise")
-
-# Relative cost of recomputing an op, per element, where it is not 1 (transcendentals).
-EXPENSIVE_OPS = {
-    op: 8 for op in ("exp", "log", "erf", "tanh", "sigmoid", "pow", "sin", "cos", "log1p", "expm1")
-}
-# Operands these ops read from memory (a library call or a window walk).
-MEMORY_OPERANDS = {"dot": (0, 1), "convolution": (0, 1), "pool": (0,)}

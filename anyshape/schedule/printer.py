@@ -1,0 +1,77 @@
+"""The kernel plan as stable text: what a dump shows and a golden file pins.
+
+Sits beside the planner; names values as ``ir/printer.py`` does, so a plan
+reads next to the graph's own dump (``<graph>.plan`` beside the passes'
+``.ir`` files in ``dump_dir``). One line per value in memory, then one per
+kernel in call order: its root, kind, what it fuses (``%n:op``), and where it
+applies stitch rows, a row buffer, an epilogue, a horizontal group, operands
+read transposed in place, and the backend's library route::
+
+    plan @cluster0
+      buffers: %x, %0, %2, %8 (alias of %x), %11, ...
+      kernel %11 = library dot f32[s0*s1, 32] transposed(%10 as %9^T) <- %10:transpose route(...)
+      kernel %36 = stitch div f32[s1, 2, s0, s0] rows(%31, %35) row_buffer(%33) <- %26:reshape, ...
+      kernel %2 = library convolution f32[s1, s2, s3, 8] epilogue(%21) <- %10:broadcast_in_dim, ...
+"""
+
+from __future__ import annotations
+
+from ..ir.printer import value_names
+from .op_classes import CHEAP_OPS, ROOT_OPS
+from .plan import Schedule, fused_into, members
+
+
+def print_plan(sched: Schedule) -> str:
+    names = value_names(sched.graph)
+
+    def ref(n) -> str:
+        return f"%{names[id(n)]}"
+
+    buffers = []
+    for n in sched.materialized:
+        owner = sched.aliases.get(id(n))
+        buffers.append(ref(n) + (f" (alias of {ref(owner)})" if owner is not None else ""))
+    lines = [f"plan @{sched.graph.name}", "  buffers: " + ", ".join(buffers)]
+    for root in sched.kernels:
+        lines.append("  kernel " + _kernel(sched, root, ref))
+    return "\n".join(lines) + "\n"
+
+
+def _kind(sched: Schedule, root) -> str:
+    if id(root) in sched.stitches:
+        return "stitch"
+    if root.op in ROOT_OPS:
+        return "reduction" if root.op in ("reduce", "argreduce") else "library"
+    return "loop"
+
+
+def _kernel(sched: Schedule, root, ref) -> str:
+    group = members(sched, root)
+    text = f"{ref(root)} = {_kind(sched, root)} {root.op} {root.type}"
+    if len(group) > 1:
+        text += " horizontal(" + ", ".join(ref(m) for m in group) + ")"
+    if id(root) in sched.stitches:
+        text += " rows(" + ", ".join(ref(r) for r in sched.stitches[id(root)]) + ")"
+        buffered = sched.row_buffered.get(id(root), [])
+        if buffered:
+            text += " row_buffer(" + ", ".join(ref(b) for b in buffered) + ")"
+    epilogue = sched.epilogues.get(id(root))
+    if epilogue is not None:
+        text += f" epilogue({ref(epilogue)})"
+    transposed = [
+        f"{ref(i)} as {ref(sched.transposed_operands[id(i)])}^T"
+        for i in root.inputs
+        if id(i) in sched.transposed_operands
+    ]
+    if transposed:
+        text += " transposed(" + ", ".join(transposed) + ")"
+    fused = sorted(
+        (n for n in fused_into(sched, root) if n.op not in CHEAP_OPS and n is not epilogue),
+        key=lambda n: int(ref(n)[1:]) if ref(n)[1:].isdigit() else -1,
+    )
+    if fused:
+        text += " <- " + ", ".join(f"{ref(n)}:{n.op}" for n in fused)
+    route = sched.routes.get(id(root))
+    if route is not None:
+        text += f" route({getattr(route, 'description', route)})"
+    return text

@@ -1,0 +1,83 @@
+"""Checks a kernel plan is one a backend can emit as it stands.
+
+Sits beside the planner; run after planning when the ``verify`` option is on
+(the test suite turns it on), as the IR verifier runs after every pass. A plan
+is sound when every value a kernel reads is an input, a weight or written by an
+earlier kernel; every value in memory that is not an input, weight or alias is
+written by exactly one kernel; graph outputs are in memory; the values a stitch
+kernel computes per row are not; a horizontal group's members share one shape
+and dtype; and routes name kernels of the plan.
+"""
+
+from __future__ import annotations
+
+from ..errors import AnyshapeError
+from .op_classes import SOURCE_OPS
+from .plan import Schedule, members
+
+
+class PlanError(AnyshapeError, AssertionError):
+    """The planner produced a plan no backend can emit (an anyshape bug); says where."""
+
+
+def verify_plan(sched: Schedule) -> None:
+    mat = {id(n) for n in sched.materialized}
+    owner = {id(n): id(sched.aliases.get(id(n), n)) for n in sched.materialized}
+    ready = {id(n) for n in sched.materialized if n.op in SOURCE_OPS}
+    written: dict[int, int] = {}
+    roots = {id(k) for k in sched.kernels}
+    for o in sched.graph.outputs:
+        if id(o) not in mat:
+            raise PlanError(f"graph output {o.op} {o.type} is not in memory")
+    for k in sched.kernels:
+        if id(k) not in mat or k.op in SOURCE_OPS or id(k) in sched.aliases:
+            raise PlanError(f"kernel root {k.op} {k.type} is not a value it writes to memory")
+        for row_value in sched.stitches.get(id(k), []):
+            if id(row_value) in mat:
+                raise PlanError(f"stitch kernel {k.op} stores its per-row value {row_value.op}")
+        group = members(sched, k)
+        _check_ready(k, _reads(sched, [i for m in group for i in m.inputs]), owner, ready)
+        for m in group:
+            if m.dtype != k.dtype or tuple(m.shape) != tuple(k.shape):
+                raise PlanError(f"horizontal group of {k.op} mixes {k.type} and {m.type}")
+        epilogue = sched.epilogues.get(id(k))
+        outs = group
+        if epilogue is not None:  # runs inside the kernel, on what the kernel just wrote
+            ready.add(id(k))
+            _check_ready(k, _reads(sched, list(epilogue.inputs)), owner, ready)
+            outs = [*group, epilogue]
+        for m in outs:
+            if id(m) in written:
+                raise PlanError(f"{m.op} {m.type} is written by two kernels")
+            written[id(m)] = id(k)
+            ready.add(id(m))
+    for n in sched.materialized:
+        if n.op not in SOURCE_OPS and id(n) not in sched.aliases and id(n) not in written:
+            raise PlanError(f"{n.op} {n.type} is in memory but no kernel writes it")
+    stray = set(sched.routes) - roots
+    if stray:
+        raise PlanError(f"{len(stray)} route(s) for values that are not kernel roots")
+
+
+def _check_ready(kernel, reads: set[int], owner: dict[int, int], ready: set[int]) -> None:
+    for value in reads:
+        if owner[value] not in ready and value not in ready:
+            raise PlanError(
+                f"kernel {kernel.op} {kernel.type} reads a value in memory before any kernel "
+                "wrote it"
+            )
+
+
+def _reads(sched: Schedule, start: list) -> set[int]:
+    """Ids of the values in memory read from ``start`` through the values fused there."""
+    out, seen, stack = set(), set(), list(start)
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if sched.is_materialized(n):
+            out.add(id(n))
+        else:
+            stack.extend(n.inputs)
+    return out

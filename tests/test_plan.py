@@ -1,0 +1,144 @@
+"""The kernel plan (``anyshape/schedule``): golden plans of a BERT layer and a ResNet block,
+the plan verifier catching broken plans, and the dump hook.
+
+The golden files pin what the planner decides for two real blocks (which values
+get a buffer, what each kernel fuses, stitch rows, epilogues, transposed GEMM
+operands, oneDNN routes). A change to the planner that changes a plan shows as
+a diff here; when the change is meant, ``ANYSHAPE_UPDATE_GOLDEN=1`` rewrites the
+files, and the diff is read in review like any other.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+import anyshape
+from anyshape.codegen.cpu.routes import plan_kernels
+from anyshape.config import Options
+from anyshape.schedule.printer import print_plan
+from anyshape.schedule.verifier import PlanError, verify_plan
+
+GOLDEN = Path(__file__).parent / "golden" / "plans"
+
+
+class BertLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        cfg = transformers.BertConfig(
+            hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1
+        )
+        self.layer = transformers.models.bert.modeling_bert.BertLayer(cfg)
+
+    def forward(self, hidden):
+        out = self.layer(hidden)
+        return out[0] if isinstance(out, tuple) else out
+
+
+class ResNetBlock(torch.nn.Module):
+    """conv-BN-ReLU, conv-BN, the skip add, ReLU: ResNet's basic block."""
+
+    def __init__(self, c: int = 8):
+        super().__init__()
+        self.c1, self.b1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+        self.c2, self.b2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        y = torch.relu(self.b1(self.c1(x)))
+        return torch.relu(self.b2(self.c2(y)) + x)
+
+
+BLOCKS = {
+    "bert_layer": (BertLayer, (2, 7, 32)),
+    "resnet_block": (ResNetBlock, (2, 8, 9, 9)),
+}
+
+
+def _plan(name: str):
+    cls, shape = BLOCKS[name]
+    opt = anyshape.optimize(cls().eval(), (torch.randn(shape),), model_cache=False)
+    (cluster,) = opt.report.clusters
+    return plan_kernels(cluster.compiled.graph, Options())
+
+
+@pytest.mark.parametrize("name", sorted(BLOCKS))
+def test_golden_plan(name):
+    text = print_plan(_plan(name))
+    path = GOLDEN / f"{name}.plan"
+    if os.environ.get("ANYSHAPE_UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    want = path.read_text()
+    diff = "".join(
+        difflib.unified_diff(want.splitlines(True), text.splitlines(True), "golden", "now")
+    )
+    assert text == want, f"the plan of {name} changed:\n{diff}"
+
+
+def test_the_plans_show_what_the_planner_decided():
+    bert, resnet = (print_plan(_plan(n)) for n in ("bert_layer", "resnet_block"))
+    assert bert.count(" = stitch ") == 3  # softmax and two layer norms, one pass each
+    assert "transposed(" in bert  # x @ W.T reads W in place, no copy kernel
+    assert " epilogue(" in resnet  # batch norm and ReLU inside the convolution
+    assert resnet.count(" = library convolution ") == 2
+
+
+def test_the_verifier_catches_a_broken_plan():
+    sched = _plan("bert_layer")
+    verify_plan(sched)
+    kernels = list(sched.kernels)
+
+    sched.kernels = kernels[1:]  # the first kernel's value is in memory, never written
+    with pytest.raises(PlanError, match="no kernel writes it|before any kernel wrote it"):
+        verify_plan(sched)
+
+    sched.kernels = [kernels[1], kernels[0], *kernels[2:]]  # a consumer before its producer
+    with pytest.raises(PlanError, match="before any kernel wrote it"):
+        verify_plan(sched)
+
+    sched.kernels = kernels
+    stitch = next(k for k in kernels if id(k) in sched.stitches)
+    row_value = sched.stitches[id(stitch)][0]
+    sched._mat.add(id(row_value))
+    sched.materialized.append(row_value)
+    with pytest.raises(PlanError, match="stores its per-row value"):
+        verify_plan(sched)
+
+
+def test_a_route_off_the_kernel_roots_is_caught():
+    sched = _plan("bert_layer")
+    fused = next(n for n in sched.graph.nodes() if not sched.is_materialized(n))
+    sched.routes[id(fused)] = "oneDNN matmul"
+    with pytest.raises(PlanError, match="not kernel roots"):
+        verify_plan(sched)
+
+
+def test_dump_dir_holds_the_ir_the_plan_and_the_generated_source(tmp_path):
+    dump = tmp_path / "dump"
+    anyshape.optimize(
+        ResNetBlock().eval(),
+        (torch.randn(1, 8, 6, 6),),
+        model_cache=False,
+        dump_dir=str(dump),
+        cache_dir=str(tmp_path / "cache"),  # an empty build cache: the source is built, so dumped
+    )
+    names = sorted(p.name for p in dump.iterdir())
+    assert "cluster0.plan" in names
+    assert any(n.startswith("cluster0.") and n.endswith(".simplify.ir") for n in names)
+    (source,) = [p for p in dump.iterdir() if p.suffix == ".cpp"]
+    assert "anyshape_main" in source.read_text()
+    assert (dump / "cluster0.plan").read_text() == print_plan(
+        plan_kernels_from_dump(dump / "cluster0.plan")
+    )
+
+
+def plan_kernels_from_dump(path: Path):
+    """The plan of the last IR dumped beside ``path``, planned again."""
+    from anyshape.ir.parser import parse_graph
+
+    last = sorted(path.parent.glob("cluster0.*.ir"))[-1]
+    return plan_kernels(parse_graph(last.read_text()), Options())
