@@ -66,7 +66,14 @@ def _install_module_call() -> None:
 class OptimizedModule(torch.nn.Module):
     """A model compiled by anyshape: call it with any shapes of the example's ranks and dtypes."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule, report: CompileReport, name: str):
+    def __init__(
+        self,
+        graph_module: torch.fx.GraphModule,
+        report: CompileReport,
+        name: str,
+        fastcall: bool = True,
+    ):
+        """``fastcall``: calls may take the C path of the fast-call extension (the option)."""
         super().__init__()
         self.graph_module = graph_module
         self.report = report
@@ -77,7 +84,8 @@ class OptimizedModule(torch.nn.Module):
         self._in_spec = getattr(graph_module, "_in_spec", None)
         self._flat_inputs = FlatInputs(self._in_spec)
         self._direct = plan_direct(graph_module)
-        self._native_call = native_call(self._direct, self._flat_inputs) if self._direct else None
+        use = self._direct is not None and fastcall
+        self._native_call = native_call(self._direct, self._flat_inputs) if use else None
         self._weights_watch = None
         if self._native_call is not None:
             _install_module_call()
@@ -89,7 +97,7 @@ class OptimizedModule(torch.nn.Module):
 
     @classmethod
     def restored(
-        cls, direct, in_spec, report: CompileReport, graph_module, name: str
+        cls, direct, in_spec, report: CompileReport, graph_module, name: str, fastcall: bool = True
     ) -> OptimizedModule:
         """A module from the model cache: the direct call path, and the ``graph_module``
         (holding the model's tensors) a cold compile would have."""
@@ -103,7 +111,7 @@ class OptimizedModule(torch.nn.Module):
         module._in_spec = in_spec
         module._flat_inputs = FlatInputs(in_spec)
         module._direct = direct
-        module._native_call = native_call(direct, module._flat_inputs)
+        module._native_call = native_call(direct, module._flat_inputs) if fastcall else None
         module._weights_watch = None
         if module._native_call is not None:
             _install_module_call()
@@ -149,7 +157,7 @@ class OptimizedModule(torch.nn.Module):
 
         def compile_variant(args, kwargs):
             gm, report = _compile(model, args, kwargs, dynamic_shapes, options)
-            variant = OptimizedModule(gm, report, self._name)
+            variant = OptimizedModule(gm, report, self._name, options.fastcall)
             variant.watch_weights_of(model)
             variant.bind_signature_of(model)
             return variant
@@ -335,7 +343,7 @@ def optimize(
     if key is not None:
         restored = model_cache.restore(key, model, opts)
         if restored is not None:
-            module = OptimizedModule.restored(*restored, name)
+            module = OptimizedModule.restored(*restored, name, opts.fastcall)
             module.watch_weights_of(model)
             module.bind_signature_of(model)
             if agrees_with_eager(model, module, args, kwargs):
@@ -354,7 +362,7 @@ def optimize(
         module = DynamoModule(model, str(e).splitlines()[0], opts, name)
         module.warm_up(args, kwargs)
         return module
-    module = OptimizedModule(gm, report, name)
+    module = OptimizedModule(gm, report, name, opts.fastcall)
     module.watch_weights_of(model)
     module.bind_signature_of(model)
     module.recompiles_on_guard_failure(model, dynamic_shapes, opts)

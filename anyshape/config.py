@@ -59,20 +59,25 @@ class Options:
     dnnl_conv: str = field(
         default="channels_last",
         metadata={
+            "choices": ("channels_last", "spatial", "all", "off"),
             "help": "CPU float32 convolutions on oneDNN: channels_last (activations kept "
             "[N, H, W, C] between them), spatial (channels first, kernels over 1x1 only), all "
-            "(channels first, 1x1 too), off (im2col + BLAS)"
+            "(channels first, 1x1 too), off (im2col + BLAS)",
         },
     )
     small_gemm: str = field(
         default="onednn",
-        metadata={"help": "CPU GEMMs of few rows: onednn (dnnl_sgemm, when installed) or openblas"},
+        metadata={
+            "choices": ("onednn", "openblas"),
+            "help": "CPU GEMMs of few rows: onednn (dnnl_sgemm, when installed) or openblas",
+        },
     )
     fastcall: bool = field(
         default=True,
         metadata={
             "help": "call compiled models through the C extension built on first use "
-            "(off: ctypes and Python only)"
+            "(off: ctypes and Python only); the extension is built once per process, with "
+            "the cxx and cache_dir the environment sets"
         },
     )
     cache_dir: str = field(
@@ -100,6 +105,19 @@ class Options:
             known = ", ".join(f.name for f in fields(Options))
             raise TypeError(f"unknown anyshape option(s) {sorted(unknown)}; known: {known}")
         values.update(overrides)
+        for f in fields(Options):
+            if f.name not in values:
+                continue
+            v = values[f.name]
+            if f.type in (bool, "bool", int, "int") and isinstance(v, str):
+                values[f.name] = v = _parse(f.type, v)  # dnnl_matmul="off" as the variable reads
+            choices = f.metadata.get("choices")
+            if choices and str(v).lower() not in choices:
+                source = "keyword" if f.name in overrides else f"ANYSHAPE_{f.name.upper()}"
+                raise ValueError(
+                    f"anyshape option {f.name} must be one of {', '.join(choices)}, "
+                    f"got {v!r} ({source})"
+                )
         return Options(**values)
 
 

@@ -121,7 +121,7 @@ def compile_graph(
     """
     backend = backend_named(options.backend)
     if not passes_ran:
-        graph = run_pipeline(graph, options, backend.layouts(options))
+        graph = run_pipeline(graph, options, backend.layouts(options, target))
     specs = [InputSpec(n.attr("name"), n.dtype, n.shape) for n in graph.inputs]
     binder = ShapeBinder(specs, graph.constraints, what=f"cluster @{graph.name}")
     extra = sorted(graph_symbols(graph) - binder.origin.keys())

@@ -112,6 +112,12 @@ POOLS = {
     # torch's C++ max_pool1d (no indices) reads the length as a number: Eq(s, 9)
     "max1d_k3_s2_p1_values": (lambda x: F.max_pool1d(x, 3, 2, padding=1, ceil_mode=True), 1),
     "max1d_module_k2": (torch.nn.MaxPool1d(2, ceil_mode=True), 1),
+    "max1d_keywords": (  # by keyword, sizes as NumPy integers, as models write them
+        lambda x: F.max_pool1d(
+            input=x, kernel_size=np.int64(3), stride=[np.int64(2)], padding=(1,), ceil_mode=True
+        ),
+        1,
+    ),
 }
 
 

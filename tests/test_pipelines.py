@@ -97,3 +97,48 @@ def test_every_option_has_help_and_an_environment_variable(monkeypatch):
     assert (opts.dnnl_matmul, opts.threads, opts.cxx, opts.dnnl_conv) == (False, 3, "my-g++", "off")
     with pytest.raises(TypeError, match="unknown anyshape option"):
         Options.from_env(dnnl_matmull=False)
+
+
+def test_artifacts_take_no_layout_pass_for_a_library_they_do_not_link():
+    cpu = backend_named("cpu")
+    assert cpu.layouts(Options()) == ("channels_last",)  # plugin mode links oneDNN (x86-64)
+    assert cpu.layouts(Options(), "portable") == () == cpu.layouts(Options(), "native")
+    assert cpu.layouts(Options(dnnl_conv="spatial")) == ()
+
+
+def test_option_values_are_parsed_and_checked_as_the_variables_are(monkeypatch):
+    assert Options.from_env(dnnl_matmul="off", threads="2").dnnl_matmul is False
+    with pytest.raises(ValueError, match=r"option dnnl_conv must be one of .* got '1' \(keyword\)"):
+        Options.from_env(dnnl_conv="1")
+    monkeypatch.setenv("ANYSHAPE_SMALL_GEMM", "mkl")
+    with pytest.raises(ValueError, match=r"small_gemm .* got 'mkl' \(ANYSHAPE_SMALL_GEMM\)"):
+        Options.from_env()
+
+
+def test_fastcall_off_keeps_calls_on_ctypes():
+    import torch
+
+    import anyshape
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(3, 8)
+    fast = anyshape.optimize(model, (x,), model_cache=False)
+    slow = anyshape.optimize(model, (x,), model_cache=False, fastcall=False)
+    assert fast._native_call is not None and slow._native_call is None
+    assert slow.report.clusters[0].compiled.native.native._fast is None
+    for rows in (0, 1, 5):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(slow(x), model(x))
+
+
+def test_export_builds_with_the_cpu_backend_whatever_runs_in_process():
+    import torch
+
+    import anyshape
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh()).eval()
+    artifact = anyshape.export(model, (torch.randn(2, 4),), backend="interpreter")
+    x = np.random.default_rng(1).standard_normal((5, 4)).astype(np.float32)
+    (got,) = artifact.load()(x)
+    want = model(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

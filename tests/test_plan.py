@@ -142,3 +142,28 @@ def plan_kernels_from_dump(path: Path):
 
     last = sorted(path.parent.glob("cluster0.*.ir"))[-1]
     return plan_kernels(parse_graph(last.read_text()), Options())
+
+
+class ConvThenTwoReaders(torch.nn.Module):
+    """A loop nest (y + 1) reads the convolution's epilogue output (relu): it must run
+    after the convolution, not in a horizontal group with the earlier relu of x."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x.relu()).relu()
+        return y, y + 1
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_reader_of_an_epilogue_output_waits_for_the_convolution(verify):
+    model = ConvThenTwoReaders().eval()
+    x = torch.randn(2, 4, 9)
+    opt = anyshape.optimize(model, (x,), model_cache=False, verify=verify, dnnl_conv="off")
+    assert not opt.report.fallbacks, str(opt.explain())  # the plan verifier accepts it
+    for shape in [(2, 4, 9), (1, 4, 5), (3, 4, 17)]:
+        x = torch.randn(shape)
+        for got, want in zip(opt(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -4,7 +4,7 @@ Sits between the pass pipeline (``passes/pipeline.py``) and execution. Every
 frontend and mode reaches a backend the same way, through ``compile_graph`` in
 ``anyshape/pipelines.py``, which finds it by name in ``codegen/registry.py``:
 
-- ``layouts(options)``: the layout passes this target wants after the shared
+- ``layouts(options, target)``: the layout passes this target wants after the shared
   passes (the CPU backend asks for ``channels_last`` when oneDNN runs its
   convolutions);
 - ``compile(graph, extra_symbols, options, saved)``: an ``Executable`` for a
@@ -61,9 +61,11 @@ class Backend:
 
     name = ""
     description = ""
+    builds_artifacts = False  # export() builds libraries for standalone artifacts
 
-    def layouts(self, options: Options) -> tuple[str, ...]:
-        """Layout passes (``passes/pipeline.LAYOUT_PASSES``) run after the shared passes."""
+    def layouts(self, options: Options, target: str | None = None) -> tuple[str, ...]:
+        """Layout passes (``passes/pipeline.LAYOUT_PASSES``) run after the shared passes,
+        for this process (``target`` None) or an artifact's target."""
         return ()
 
     def compile(

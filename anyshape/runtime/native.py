@@ -78,7 +78,10 @@ class NativeGraph:
         params: list[np.ndarray],
         num_threads: int = 0,
         inputs: list[tuple[str, DType]] | None = None,
+        use_fastcall: bool = True,
     ):
+        """``inputs`` (names, dtypes) and ``use_fastcall`` let calls go through the fast-call
+        extension instead of ctypes."""
         self.lib = ctypes.CDLL(str(path))
         self.main = self.lib.anyshape_main
         self.main.restype = ctypes.c_int
@@ -103,7 +106,7 @@ class NativeGraph:
         self.param_desc = (AsTensor * max(len(params), 1))()
         for k, p in enumerate(self.params):
             _describe(self.param_desc[k], p)
-        self._fast = fastcall() if inputs is not None else None
+        self._fast = fastcall() if inputs is not None and use_fastcall else None
         if self._fast is not None:
             self._fast_args = (
                 ctypes.cast(self.main, ctypes.c_void_p).value,

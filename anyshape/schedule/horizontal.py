@@ -22,15 +22,23 @@ from ..ir.graph import Node
 
 
 def plan_horizontal(
-    kernels: list[Node], pointwise: set[int], region_reads, max_members: int = 4
+    kernels: list[Node],
+    pointwise: set[int],
+    region_reads,
+    max_members: int = 4,
+    written_in: dict[int, int] | None = None,
 ) -> tuple[list[Node], dict[int, list[Node]]]:
     """The kernel order with each group at its first member, and the groups:
     first member's id -> every member in order (the first member included).
 
     ``pointwise`` holds the ids of roots that may group; ``region_reads(root)``
-    gives the ids of the values in memory a root's kernel reads.
+    gives the ids of the values in memory a root's kernel reads; ``written_in``
+    maps a value some other kernel writes (a convolution's epilogue) to that
+    kernel's root, so a reader of it waits for that kernel.
     """
     position = {id(k): i for i, k in enumerate(kernels)}
+    for value, root in (written_in or {}).items():
+        position[value] = position[root]
     groups: dict[tuple, list[list[Node]]] = {}
     for k in kernels:
         if id(k) not in pointwise:

@@ -238,7 +238,11 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
             id(k) for k in sched.kernels if k.op not in ROOT_OPS and id(k) not in sched.stitches
         }
         sched.kernels, sched.horizontal = plan_horizontal(
-            sched.kernels, pointwise, reads, costs.horizontal_members
+            sched.kernels,
+            pointwise,
+            reads,
+            costs.horizontal_members,
+            written_in={id(e): c for c, e in sched.epilogues.items()},
         )
     return sched
 

@@ -10,10 +10,12 @@ the op, the reason and the model's source line.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 
+from ..codegen.registry import backend_named
 from ..config import Options
 from ..errors import UnsupportedError
 from ..ir.graph import Graph
@@ -153,6 +155,8 @@ def _build(captured, options: Options, target: str, model_name: str) -> Artifact
         outputs=flat_out,
         guards=captured.guards,
     )
+    if not backend_named(options.backend).builds_artifacts:
+        options = dataclasses.replace(options, backend="cpu")  # (the interpreter runs in-process)
     try:
         compiled = compile_graph(lowered.graph, options, target)
     except UnsupportedError as e:

@@ -20,13 +20,15 @@ from .target import target_named
 
 class CpuBackend(Backend):
     name = "cpu"
+    builds_artifacts = True
     description = "generated C++ kernels (OpenMP), GEMMs and convolutions on oneDNN/OpenBLAS"
 
-    def layouts(self, options: Options) -> tuple[str, ...]:
+    def layouts(self, options: Options, target: str | None = None) -> tuple[str, ...]:
         """Channels last between convolutions when oneDNN runs them that way (the
-        ``dnnl_conv`` option's default, when the build links oneDNN)."""
+        ``dnnl_conv`` option's default, when the build links oneDNN: plugin mode only,
+        artifacts link OpenBLAS alone)."""
         wanted = CpuSettings.from_options(options).dnnl_conv == "channels_last"
-        return ("channels_last",) if wanted and links_onednn(options) else ()
+        return ("channels_last",) if wanted and target is None and links_onednn(options) else ()
 
     def compile(
         self, graph: Graph, extra_symbols: list[str], options: Options, saved: dict | None = None

@@ -54,6 +54,7 @@ class CpuExecutable:
             params,
             num_threads,
             inputs=[(n.attr("name"), n.dtype) for n in graph.inputs],
+            use_fastcall=options.fastcall,
         )
         self.output_slots = program.output_slots
         self.kernel_labels = program.kernel_labels

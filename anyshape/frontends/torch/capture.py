@@ -152,19 +152,22 @@ def _max_pool1d_as_2d():
 
     original = F.max_pool1d
 
-    def max_pool1d(x, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+    def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
                    return_indices=False):  # fmt: skip
+        x = input
         if return_indices or not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
             return original(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
         def one(v, default):
-            return v if isinstance(v, int) else (v[0] if v is not None and len(v) else default)
+            if isinstance(v, (list, tuple)):
+                return v[0] if len(v) else default
+            return default if v is None else v
 
         k = one(kernel_size, None)
         y = F.max_pool2d(
             x.unsqueeze(-2),
             (1, k),
-            (1, one(stride, k) or k),
+            (1, one(stride, k)),
             (0, one(padding, 0)),
             (1, one(dilation, 1)),
             ceil_mode,
