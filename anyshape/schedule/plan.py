@@ -249,7 +249,13 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
 
 def _kernel_reads(sched: Schedule, root: Node) -> set[int]:
     """Ids of the values in memory ``root``'s kernel reads (a reshape alias as its owner)."""
-    out, seen, stack = set(), set(), list(root.inputs)
+    return memory_reads(sched, root.inputs)
+
+
+def memory_reads(sched: Schedule, start) -> set[int]:
+    """Ids of the values in memory read from the values ``start`` through what is fused
+    there (a reshape alias as the buffer it shares)."""
+    out, seen, stack = set(), set(), list(start)
     while stack:
         n = stack.pop()
         if id(n) in seen:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ..errors import AnyshapeError
 from .op_classes import SOURCE_OPS
-from .plan import Schedule, members
+from .plan import Schedule, members, memory_reads
 
 
 class PlanError(AnyshapeError, AssertionError):
@@ -36,7 +36,7 @@ def verify_plan(sched: Schedule) -> None:
             if id(row_value) in mat:
                 raise PlanError(f"stitch kernel {k.op} stores its per-row value {row_value.op}")
         group = members(sched, k)
-        _check_ready(k, _reads(sched, [i for m in group for i in m.inputs]), owner, ready)
+        _check_ready(k, memory_reads(sched, [i for m in group for i in m.inputs]), owner, ready)
         for m in group:
             if m.dtype != k.dtype or tuple(m.shape) != tuple(k.shape):
                 raise PlanError(f"horizontal group of {k.op} mixes {k.type} and {m.type}")
@@ -44,7 +44,7 @@ def verify_plan(sched: Schedule) -> None:
         outs = group
         if epilogue is not None:  # runs inside the kernel, on what the kernel just wrote
             ready.add(id(k))
-            _check_ready(k, _reads(sched, list(epilogue.inputs)), owner, ready)
+            _check_ready(k, memory_reads(sched, list(epilogue.inputs)), owner, ready)
             outs = [*group, epilogue]
         for m in outs:
             if id(m) in written:
@@ -66,18 +66,3 @@ def _check_ready(kernel, reads: set[int], owner: dict[int, int], ready: set[int]
                 f"kernel {kernel.op} {kernel.type} reads a value in memory before any kernel "
                 "wrote it"
             )
-
-
-def _reads(sched: Schedule, start: list) -> set[int]:
-    """Ids of the values in memory read from ``start`` through the values fused there."""
-    out, seen, stack = set(), set(), list(start)
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if sched.is_materialized(n):
-            out.add(id(n))
-        else:
-            stack.extend(n.inputs)
-    return out

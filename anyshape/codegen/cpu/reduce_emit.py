@@ -50,6 +50,15 @@ def combine(kind: str, acc: str, v: str, dt: DType) -> str:
     return f"{acc} = as_{kind}({acc}, {v});"
 
 
+def accumulate(kind: str, acc: str, v: str, dt: DType, float_minmax: bool) -> str:
+    """The statement folding ``v`` into ``acc``; a float max/min keeps a NaN flag beside
+    a plain compare (which vectorizes), as torch propagates NaN."""
+    if float_minmax:
+        better = ">" if kind == "max" else "<"
+        return f"{acc}_nan |= ({v} != {v}); {acc} = {v} {better} {acc} ? {v} : {acc};"
+    return combine(kind, acc, v, dt)
+
+
 # OpenMP reductions that vectorize the innermost reduction loop (reassociating the sum).
 SIMD_REDUCTION = {"sum": "reduction(+:acc)", "prod": "reduction(*:acc)"}
 
@@ -132,14 +141,7 @@ def emit_reduce(scope: KernelScope, root: Node) -> list[str]:
             inner.append(f"for (int64_t r{a} = 0; r{a} < {n_axis}; ++r{a}) {{")
 
     def step():
-        v = scope.value(x, tuple(idx))
-        if float_minmax:
-            better = ">" if kind == "max" else "<"
-            return (
-                f"{loop_acc}_nan |= ({v} != {v}); "
-                f"{loop_acc} = {v} {better} {loop_acc} ? {v} : {loop_acc};"
-            )
-        return combine(kind, loop_acc, v, x.dtype)
+        return accumulate(kind, loop_acc, scope.value(x, tuple(idx)), x.dtype, float_minmax)
 
     inner += indent(statements(scope, step), len(axes))
     inner += ["}"] * len(axes)

@@ -21,7 +21,7 @@ from .loop_nest import PARALLEL_WORK, ROW_SPLIT_WORK, indent, loop_vars, stateme
 from .reduce_emit import (
     SIMD_REDUCTION,
     acc_type,
-    combine,
+    accumulate,
     reduce_init,
     split_combine,
     split_open,
@@ -159,13 +159,7 @@ class StitchScope(KernelScope):
 
         def step():
             v = self.value(x, tuple(idx) + (r,))
-            if float_minmax:
-                better = ">" if kind == "max" else "<"
-                return (
-                    f"{loop_acc}_nan |= ({v} != {v}); "
-                    f"{loop_acc} = {v} {better} {loop_acc} ? {v} : {loop_acc};"
-                )
-            return combine(kind, loop_acc, v, x.dtype)
+            return accumulate(kind, loop_acc, v, x.dtype, float_minmax)
 
         body = indent(statements(self, step), 1)
         if loop_acc != acc:
