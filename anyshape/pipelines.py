@@ -75,10 +75,10 @@ COMPILE = [
 # inside the cpu backend (codegen/cpu/backend.py), per graph
 CPU_BACKEND = [
     ("plan", "anyshape.schedule.plan:plan_schedule", "buffers, loop/input/stitch/epilogue fusion"),
+    ("memory", "anyshape.schedule.memory:plan_memory", "workspace slots by lifetime (in plan)"),
     ("routes", "anyshape.codegen.cpu.routes:plan_routes", "what oneDNN runs, from the options"),
     ("plan hooks", "anyshape.schedule.hooks:after_planning", "plan verifier; <graph>.plan dump"),
     ("emit", "anyshape.codegen.cpu.host:emit_translation_unit", "kernels, host program: C++"),
-    ("memory", "anyshape.codegen.cpu.memory:plan_memory", "workspace slots by lifetime"),
     ("build", "anyshape.codegen.cpu.build:build_library", "g++ for -march=native or an ISA"),
     ("load", "anyshape.runtime.native:NativeGraph", "dlopen; one native call per call"),
 ]

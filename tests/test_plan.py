@@ -167,3 +167,13 @@ def test_a_reader_of_an_epilogue_output_waits_for_the_convolution(verify):
         x = torch.randn(shape)
         for got, want in zip(opt(x), model(x)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_the_verifier_catches_a_slot_shared_by_live_buffers():
+    sched = _plan("bert_layer")
+    memory = sched.memory
+    a, b = sorted(memory.lifetimes, key=lambda x: memory.lifetimes[x])[:2]
+    assert memory.lifetimes[a][1] >= memory.lifetimes[b][0]  # both alive at b's start
+    memory.slot_of[b] = memory.slot_of[a]
+    with pytest.raises(PlanError, match="holds two buffers alive at once"):
+        verify_plan(sched)

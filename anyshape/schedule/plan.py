@@ -31,6 +31,7 @@ from ..ir.graph import Graph, Node
 from .costs import TargetCosts
 from .epilogue import plan_epilogues
 from .horizontal import plan_horizontal
+from .memory import MemoryPlan, plan_memory
 from .op_classes import (
     CHEAP_OPS,
     ELEMENTWISE_OPS,
@@ -40,6 +41,7 @@ from .op_classes import (
     ROOT_OPS,
     SOURCE_OPS,
 )
+from .reads import members, memory_reads
 from .stitch import plan_stitches
 
 
@@ -62,6 +64,8 @@ class Schedule:
     horizontal: dict[int, list[Node]] = field(default_factory=dict)
     # what the target's costs were (the emitters estimate work from them too)
     costs: TargetCosts = field(default_factory=TargetCosts)
+    # the workspace: slots shared by buffers whose lifetimes do not overlap (memory.py)
+    memory: MemoryPlan = field(default_factory=MemoryPlan)
     # library routes, decided by the backend after planning: kernel root id -> its own
     # record of what a library runs there (the CPU backend's ``routes.Route``)
     routes: dict[int, object] = field(default_factory=dict)
@@ -244,33 +248,13 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
             costs.horizontal_members,
             written_in={id(e): c for c, e in sched.epilogues.items()},
         )
+    sched.memory = plan_memory(sched)
     return sched
 
 
 def _kernel_reads(sched: Schedule, root: Node) -> set[int]:
     """Ids of the values in memory ``root``'s kernel reads (a reshape alias as its owner)."""
     return memory_reads(sched, root.inputs)
-
-
-def memory_reads(sched: Schedule, start) -> set[int]:
-    """Ids of the values in memory read from the values ``start`` through what is fused
-    there (a reshape alias as the buffer it shares)."""
-    out, seen, stack = set(), set(), list(start)
-    while stack:
-        n = stack.pop()
-        if id(n) in seen:
-            continue
-        seen.add(id(n))
-        if sched.is_materialized(n):
-            out.add(id(sched.aliases.get(id(n), n)))
-        else:
-            stack.extend(n.inputs)
-    return out
-
-
-def members(sched: Schedule, root: Node) -> list[Node]:
-    """The outputs ``root``'s kernel writes: its horizontal group, or ``root`` alone."""
-    return sched.horizontal.get(id(root), [root])
 
 
 def fused_into(sched: Schedule, root: Node):

@@ -5,7 +5,9 @@ reads next to the graph's own dump (``<graph>.plan`` beside the passes'
 ``.ir`` files in ``dump_dir``). One line per value in memory, then one per
 kernel in call order: its root, kind, what it fuses (``%n:op``), and where it
 applies stitch rows, a row buffer, an epilogue, a horizontal group, operands
-read transposed in place, and the backend's library route::
+read transposed in place, and the backend's library route; last, the
+workspace slots, each with the buffers sharing it and their lifetimes (first
+and last kernel, counted from 0)::
 
     plan @cluster0
       buffers: %x, %0, %2, %8 (alias of %x), %11, ...
@@ -18,7 +20,8 @@ from __future__ import annotations
 
 from ..ir.printer import value_names
 from .op_classes import CHEAP_OPS, ROOT_OPS
-from .plan import Schedule, fused_into, members
+from .plan import Schedule, fused_into
+from .reads import members
 
 
 def print_plan(sched: Schedule) -> str:
@@ -34,6 +37,14 @@ def print_plan(sched: Schedule) -> str:
     lines = [f"plan @{sched.graph.name}", "  buffers: " + ", ".join(buffers)]
     for root in sched.kernels:
         lines.append("  kernel " + _kernel(sched, root, ref))
+    memory = sched.memory
+    for k in range(len(memory.slots)):
+        shared = sorted(b for b, s in memory.slot_of.items() if s == k)
+        spans = [
+            f"{ref(sched.materialized[b])} {memory.lifetimes[b][0]}..{memory.lifetimes[b][1]}"
+            for b in shared
+        ]
+        lines.append(f"  workspace slot {k}: " + ", ".join(spans))
     return "\n".join(lines) + "\n"
 
 

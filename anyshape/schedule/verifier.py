@@ -3,7 +3,7 @@
 Sits beside the planner; run after planning when the ``verify`` option is on
 (the test suite turns it on), as the IR verifier runs after every pass. A plan
 is sound when every value a kernel reads is an input, a weight or written by an
-earlier kernel; every value in memory that is not an input, weight or alias is
+earlier kernel; buffers sharing a workspace slot are never alive at once; every value in memory that is not an input, weight or alias is
 written by exactly one kernel; graph outputs are in memory; the values a stitch
 kernel computes per row are not; a horizontal group's members share one shape
 and dtype; and routes name kernels of the plan.
@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from ..errors import AnyshapeError
 from .op_classes import SOURCE_OPS
-from .plan import Schedule, members, memory_reads
+from .plan import Schedule
+from .reads import members, memory_reads
 
 
 class PlanError(AnyshapeError, AssertionError):
@@ -54,6 +55,7 @@ def verify_plan(sched: Schedule) -> None:
     for n in sched.materialized:
         if n.op not in SOURCE_OPS and id(n) not in sched.aliases and id(n) not in written:
             raise PlanError(f"{n.op} {n.type} is in memory but no kernel writes it")
+    _check_slots(sched)
     stray = set(sched.routes) - roots
     if stray:
         raise PlanError(f"{len(stray)} route(s) for values that are not kernel roots")
@@ -66,3 +68,16 @@ def _check_ready(kernel, reads: set[int], owner: dict[int, int], ready: set[int]
                 f"kernel {kernel.op} {kernel.type} reads a value in memory before any kernel "
                 "wrote it"
             )
+
+
+def _check_slots(sched: Schedule) -> None:
+    """Buffers sharing a workspace slot are never alive at once."""
+    memory = sched.memory
+    by_slot: dict[int, list[int]] = {}
+    for b, slot in memory.slot_of.items():
+        by_slot.setdefault(slot, []).append(b)
+    for slot, buffers in by_slot.items():
+        spans = sorted(memory.lifetimes[b] for b in buffers)
+        for (_, last), (first, _) in zip(spans, spans[1:]):
+            if first <= last:
+                raise PlanError(f"workspace slot {slot} holds two buffers alive at once")

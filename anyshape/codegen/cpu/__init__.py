@@ -4,7 +4,7 @@ Reached through ``codegen/registry.py`` (``backend.CpuBackend``). Inside, in
 order (``pipelines.CPU_BACKEND``): the kernel plan of ``anyshape/schedule`` with
 the CPU's costs (``costs``), the oneDNN routes (``routes``), ``kernels`` (one
 loop nest per kernel root, over ``expr``'s fused expressions), ``host`` (the
-per-graph host program: prologue, buffers, calls; ``memory`` shares workspace
-slots), ``build`` (g++ with OpenMP, content-addressed cache). ``executable``
+per-graph host program: prologue, buffers in the plan's workspace slots,
+calls), ``build`` (g++ with OpenMP, content-addressed cache). ``executable``
 loads the result through ``runtime.native`` and calls it.
 """

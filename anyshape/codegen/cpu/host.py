@@ -22,10 +22,11 @@ from ...config import Options
 from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
+from ...schedule.memory import MemoryPlan, kernel_buffers
 from ...schedule.op_classes import SOURCE_OPS
-from ...schedule.plan import Schedule, describe_kernel, members
+from ...schedule.plan import Schedule, describe_kernel
+from ...schedule.reads import members
 from .kernels import Kernel, emit_kernel
-from .memory import MemoryPlan, plan_memory
 from .routes import plan_kernels
 
 
@@ -166,8 +167,8 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         if o not in out_nodes:
             out_nodes.append(o)
         slots.append(out_nodes.index(o))
-    returned = {buffer_of[id(sched.aliases.get(id(o), o))] for o in out_nodes}
-    plan = plan_memory(sched, buffer_of, kernels, returned)
+    _check_buffers(sched, buffer_of, kernels)
+    plan = sched.memory
     body += _workspace(plan)
     owned = []  # returned buffers: malloc'd here, freed by the caller
     for n in sched.materialized:
@@ -213,6 +214,24 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
     body.append("return 0;")
     out += ["  " + ln for ln in body] + ["}"]
     return out, slots
+
+
+def _check_buffers(sched: Schedule, buffer_of: dict[int, int], kernels: list[Kernel]) -> None:
+    """The buffers each emitted kernel takes are the ones the memory plan gave it a
+    lifetime for: workspace slots are shared on that promise."""
+    owner = {b: buffer_of[id(sched.aliases.get(id(n), n))] for n, b in _buffers(sched, buffer_of)}
+    for k in kernels:
+        planned = {owner[buffer_of[v]] for v in kernel_buffers(sched, k.root)}
+        emitted = {owner[p] for p in k.ptrs}
+        if planned != emitted:
+            raise AssertionError(
+                f"kernel {k.root.op} {k.root.type} takes buffers {sorted(emitted)}, the memory "
+                f"plan gave it {sorted(planned)} (an anyshape bug)"
+            )
+
+
+def _buffers(sched: Schedule, buffer_of: dict[int, int]):
+    return [(n, buffer_of[id(n)]) for n in sched.materialized]
 
 
 def _workspace(plan: MemoryPlan) -> list[str]:

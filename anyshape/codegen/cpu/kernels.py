@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, format_dim, shape_numel
-from ...schedule.plan import Schedule, fused_into, members
+from ...schedule.plan import Schedule, fused_into
+from ...schedule.reads import members
 from . import conv_emit, gemm_emit, pool_emit
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope

@@ -1,9 +1,12 @@
-"""Memory plan of the host program: intermediate buffers share slots of one workspace.
+"""Memory plan: intermediate buffers share slots of one workspace, planned before emission.
 
-Sits between the kernels and the host program. Every buffer that is neither an
+Sits at the end of the kernel plan (``plan.py`` calls it once the kernel order
+is final); a backend's host program sizes the slots. A buffer is a value in
+memory, numbered by its place in ``Schedule.materialized``. Every buffer that is neither an
 input, a weight, a reshape alias nor a returned output lives in a *slot* of
 one workspace. A buffer's lifetime runs from the kernel that writes it to the
-last kernel that reads it (through any alias). Buffers whose lifetimes do not
+last kernel that reads it (through any alias), both read from the plan
+(``kernel_buffers``: what a kernel's group and epilogue read and write). Buffers whose lifetimes do not
 overlap share a slot; the slot's size is the run-time maximum of its members'
 sizes (expressions over the symbols), so the plan holds for every shape.
 Buffers join the free slot of provably equal size when there is one, else the
@@ -13,18 +16,18 @@ The host program sizes the slots per call and takes the workspace from a
 per-thread arena that grows, so steady-state calls allocate nothing but their
 outputs and concurrent calls on different threads never share memory. A call
 needing more than twice, and over 64 MiB more than, the largest of the last 16
-calls gives the pages past that mark back when it ends (``AsWorkspaceArena`` in
-``prelude.h``): one long sequence does not stay resident for the process's life.
+calls gives the pages past that mark back when it ends (the CPU backend's
+``AsWorkspaceArena`` in ``prelude.h``): one long sequence does not stay resident
+for the process's life.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ...ir.symbolic import SymExpr, as_expr
-from ...schedule.op_classes import SOURCE_OPS
-from ...schedule.plan import Schedule
-from .kernels import Kernel
+from ..ir.symbolic import SymExpr, as_expr
+from .op_classes import SOURCE_OPS
+from .reads import members, memory_reads
 
 REPRESENTATIVE = 64  # the value every symbol takes when sizes are compared heuristically
 
@@ -37,24 +40,42 @@ class MemoryPlan:
     lifetimes: dict[int, tuple[int, int]] = field(default_factory=dict)  # first, last kernel
 
 
-def plan_memory(
-    sched: Schedule, buffer_of: dict[int, int], kernels: list[Kernel], returned: set[int]
-) -> MemoryPlan:
+def kernel_buffers(sched, root) -> set[int]:
+    """Ids of the values in memory ``root``'s kernel reads or writes (its horizontal
+    group and epilogue included; a reshape alias as the value whose buffer it shares)."""
+    group = members(sched, root)
+    out = memory_reads(sched, [i for m in group for i in m.inputs])
+    written = list(group)
+    epilogue = sched.epilogues.get(id(root))
+    if epilogue is not None:
+        out |= memory_reads(sched, list(epilogue.inputs))
+        written.append(epilogue)
+    return out | {id(sched.aliases.get(id(m), m)) for m in written}
+
+
+def plan_memory(sched) -> MemoryPlan:
+    """Slots for ``sched``'s intermediate buffers (the kernel order is final)."""
     plan = MemoryPlan()
+    buffer_of = {id(n): k for k, n in enumerate(sched.materialized)}
     root = {}  # alias buffer -> the buffer that owns the memory
     for n in sched.materialized:
         alias = sched.aliases.get(id(n))
         if alias is not None:
             root[buffer_of[id(n)]] = buffer_of[id(alias)]
+    returned = {
+        buffer_of[id(sched.aliases.get(id(o), o))]
+        for o in sched.graph.outputs
+        if o.op not in SOURCE_OPS
+    }
     planned = {}
     for n in sched.materialized:
         b = buffer_of[id(n)]
         if n.op in SOURCE_OPS or b in root or b in returned:
             continue
         planned[b] = as_expr(n.type.numel) * n.dtype.itemsize
-    for k, kernel in enumerate(kernels):
-        for p in kernel.ptrs:
-            b = root.get(p, p)
+    for k, kernel in enumerate(sched.kernels):
+        for value in kernel_buffers(sched, kernel):
+            b = root.get(buffer_of[value], buffer_of[value])
             if b in planned:
                 first, _ = plan.lifetimes.get(b, (k, k))
                 plan.lifetimes[b] = (first, k)
