@@ -74,8 +74,10 @@ def plan_memory(sched) -> MemoryPlan:
             continue
         planned[b] = as_expr(n.type.numel) * n.dtype.itemsize
     for k, kernel in enumerate(sched.kernels):
-        for value in kernel_buffers(sched, kernel):
-            b = root.get(buffer_of[value], buffer_of[value])
+        # (in buffer order: ties between equal lifetimes go the same way every run)
+        for b in sorted(
+            {root.get(buffer_of[v], buffer_of[v]) for v in kernel_buffers(sched, kernel)}
+        ):
             if b in planned:
                 first, _ = plan.lifetimes.get(b, (k, k))
                 plan.lifetimes[b] = (first, k)
