@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from ..ir.symbolic import SymExpr, as_expr
 from .op_classes import SOURCE_OPS
-from .reads import members, memory_reads
+from .reads import kernel_inputs, members, memory_reads
 
 REPRESENTATIVE = 64  # the value every symbol takes when sizes are compared heuristically
 
@@ -44,7 +44,7 @@ def kernel_buffers(sched, root) -> set[int]:
     """Ids of the values in memory ``root``'s kernel reads or writes (its horizontal
     group and epilogue included; a reshape alias as the value whose buffer it shares)."""
     group = members(sched, root)
-    out = memory_reads(sched, [i for m in group for i in m.inputs])
+    out = memory_reads(sched, kernel_inputs(sched, group))
     written = list(group)
     epilogue = sched.epilogues.get(id(root))
     if epilogue is not None:

@@ -12,6 +12,16 @@ def members(sched, root) -> list:
     return sched.horizontal.get(id(root), [root])
 
 
+def kernel_inputs(sched, group) -> list:
+    """The operands the kernel writing ``group`` reads, as it reads them: a dot takes a
+    transposed operand's buffer in place (``Schedule.transposed_operands``)."""
+    return [
+        sched.transposed_operands.get(id(i), i) if m.op == "dot" else i
+        for m in group
+        for i in m.inputs
+    ]
+
+
 def memory_reads(sched, start) -> set[int]:
     """Ids of the values in memory read from the values ``start`` through what is fused
     there (a reshape alias as the buffer it shares)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ..errors import AnyshapeError
 from .op_classes import SOURCE_OPS
 from .plan import Schedule
-from .reads import members, memory_reads
+from .reads import kernel_inputs, members, memory_reads
 
 
 class PlanError(AnyshapeError, AssertionError):
@@ -37,7 +37,7 @@ def verify_plan(sched: Schedule) -> None:
             if id(row_value) in mat:
                 raise PlanError(f"stitch kernel {k.op} stores its per-row value {row_value.op}")
         group = members(sched, k)
-        _check_ready(k, memory_reads(sched, [i for m in group for i in m.inputs]), owner, ready)
+        _check_ready(k, memory_reads(sched, kernel_inputs(sched, group)), owner, ready)
         for m in group:
             if m.dtype != k.dtype or tuple(m.shape) != tuple(k.shape):
                 raise PlanError(f"horizontal group of {k.op} mixes {k.type} and {m.type}")
