@@ -6,8 +6,10 @@ backend's settings (``CpuSettings``, made from ``Options``) are read here and
 nowhere else; the decision for each kernel root is stored in the plan
 (``Schedule.routes``) and read by the emitters (``gemm_emit``, ``conv_emit``),
 the host program (which oneDNN header to paste, which weights to pack) and
-``explain()``. A route holds when the build links oneDNN (the emitted call sits
-under ``#ifdef ANYSHAPE_DNNL``, next to the BLAS path an unlinked build runs).
+``explain()``. A route holds when the build links oneDNN: the emitted call sits
+under ``#ifdef ANYSHAPE_DNNL``, next to the BLAS path an unlinked build runs, so
+a translation unit the model cache kept builds either way (the cache key does
+not see whether the oneDNN package is installed).
 
 - oneDNN matmul: a float32 2-D dot whose right operand is a static 2-D model
   weight read untransposed on the left (a linear layer), the weight packed once;
