@@ -30,3 +30,9 @@ class TargetCosts:
     hoist_cost: int = 2
     # Independent loop nests over one shape share one kernel, up to this many outputs.
     horizontal_members: int = 4
+    # Split variants (variants.py): reductions the target splits over threads (OpenMP's
+    # reduction clauses), rows (outputs) statically this many or more never split, and
+    # rows statically shorter than this never split.
+    split_reductions: frozenset[str] = frozenset({"sum", "prod", "max", "min"})
+    split_rows_max: int = 256
+    split_row_min: int = 1024

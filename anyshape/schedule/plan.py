@@ -43,6 +43,7 @@ from .op_classes import (
 )
 from .reads import members, memory_reads
 from .stitch import plan_stitches
+from .variants import SplitVariant, plan_split_variant
 
 
 @dataclass
@@ -64,6 +65,8 @@ class Schedule:
     horizontal: dict[int, list[Node]] = field(default_factory=dict)
     # what the target's costs were (the emitters estimate work from them too)
     costs: TargetCosts = field(default_factory=TargetCosts)
+    # split variants (variants.py): kernel root id -> its variant for few rows
+    split: dict[int, SplitVariant] = field(default_factory=dict)
     # the workspace: slots shared by buffers whose lifetimes do not overlap (memory.py)
     memory: MemoryPlan = field(default_factory=MemoryPlan)
     # library routes, decided by the backend after planning: kernel root id -> its own
@@ -248,6 +251,10 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
             costs.horizontal_members,
             written_in={id(e): c for c, e in sched.epilogues.items()},
         )
+    for root in sched.kernels:
+        variant = plan_split_variant(sched, root, costs)
+        if variant is not None:
+            sched.split[id(root)] = variant
     sched.memory = plan_memory(sched)
     return sched
 

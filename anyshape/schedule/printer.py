@@ -5,7 +5,8 @@ reads next to the graph's own dump (``<graph>.plan`` beside the passes'
 ``.ir`` files in ``dump_dir``). One line per value in memory, then one per
 kernel in call order: its root, kind, what it fuses (``%n:op``), and where it
 applies stitch rows, a row buffer, an epilogue, a horizontal group, operands
-read transposed in place, and the backend's library route; last, the
+read transposed in place, a split variant for few rows, and the backend's
+library route; last, the
 workspace slots, each with the buffers sharing it and their lifetimes (first
 and last kernel, counted from 0)::
 
@@ -19,6 +20,7 @@ and last kernel, counted from 0)::
 from __future__ import annotations
 
 from ..ir.printer import value_names
+from ..ir.symbolic import format_dim
 from .op_classes import CHEAP_OPS, ROOT_OPS
 from .plan import Schedule, fused_into
 from .reads import members
@@ -82,6 +84,9 @@ def _kernel(sched: Schedule, root, ref) -> str:
     )
     if fused:
         text += " <- " + ", ".join(f"{ref(n)}:{n.op}" for n in fused)
+    split = sched.split.get(id(root))
+    if split is not None:
+        text += f" split({format_dim(split.extent)} {split.noun} < threads: {split.what})"
     route = sched.routes.get(id(root))
     if route is not None:
         text += f" route({getattr(route, 'description', route)})"

@@ -56,9 +56,10 @@ def verify_plan(sched: Schedule) -> None:
         if n.op not in SOURCE_OPS and id(n) not in sched.aliases and id(n) not in written:
             raise PlanError(f"{n.op} {n.type} is in memory but no kernel writes it")
     _check_slots(sched)
-    stray = set(sched.routes) - roots
-    if stray:
-        raise PlanError(f"{len(stray)} route(s) for values that are not kernel roots")
+    for name, decided in (("route", sched.routes), ("split variant", sched.split)):
+        stray = set(decided) - roots
+        if stray:
+            raise PlanError(f"{len(stray)} {name}(s) for values that are not kernel roots")
 
 
 def _check_ready(kernel, reads: set[int], owner: dict[int, int], ready: set[int]) -> None:

@@ -185,37 +185,6 @@ EMITTERS = {
 
 # Kernel kinds that get a speculative no-broadcast variant (loop nests without early returns).
 SPECULATED = {"reduce"}
-# Reductions whose split over threads is an OpenMP reduction clause.
-SPLIT_REDUCTIONS = {"sum", "prod", "max", "min"}
-# Rows (outputs) statically at least this many never take the split variant.
-SPLIT_ROWS_MAX = 256
-# A row statically shorter than this is never split over threads.
-SPLIT_ROW_MIN = 1024
-
-
-def _split_extent(sched: Schedule, root: Node):
-    """The extent whose being below the thread count selects the split variant, and what
-    is split; ``None`` when the kernel has no such variant (or always splits)."""
-    stitched = id(root) in sched.stitches
-    if root.op == "reduce" and not stitched:
-        x, axes = root.inputs[0], root.attr("axes")
-        short = (
-            all(isinstance(x.shape[a], int) for a in axes)
-            and shape_numel([x.shape[a] for a in axes]) < SPLIT_ROW_MIN
-        )
-        if root.attr("kind") not in SPLIT_REDUCTIONS or short:
-            return None
-        extent, noun, what = shape_numel(root.shape), "outputs", "each reduction"
-    elif not (stitched or root.op not in EMITTERS) or root.rank < (1 if stitched else 2):
-        return None
-    elif isinstance(root.shape[-1], int) and root.shape[-1] < SPLIT_ROW_MIN:
-        return None
-    else:
-        extent, noun = shape_numel(root.shape[:-1]), "rows"
-        what = "each row's reductions and pass" if stitched else "the last dim"
-    if isinstance(extent, int) and extent >= SPLIT_ROWS_MAX:
-        return None
-    return extent, noun, f"{what} split over threads"
 
 
 def element_cost(sched: Schedule, root: Node) -> int:
@@ -233,10 +202,10 @@ def element_cost(sched: Schedule, root: Node) -> int:
 def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate: bool):
     """``lines`` behind a run-time choice of the split variant when fewer rows (outputs)
     than threads would leave threads idle; with the variants' descriptions."""
-    found = _split_extent(sched, root)
-    if found is None:
+    variant = sched.split.get(id(root))  # planned (anyshape/schedule/variants.py)
+    if variant is None:
         return lines, [" and ".join(texts) or "general"]
-    extent, noun, what = found
+    extent, noun, what = variant.extent, variant.noun, variant.what
     scope.begin_variant(speculate, True)
     split = emit()
     scope.split = False
