@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
 
 import anyshape
 from anyshape.codegen.cpu.routes import plan_kernels
@@ -28,16 +27,29 @@ GOLDEN = Path(__file__).parent / "golden" / "plans"
 
 
 class BertLayer(torch.nn.Module):
-    def __init__(self):
+    """BERT's encoder layer written out (so the golden plan follows torch, not a model
+    library's version): self-attention with a padding-free softmax, the output
+    projection and residual LayerNorm, GELU feed-forward and its residual LayerNorm."""
+
+    def __init__(self, hidden: int = 32, heads: int = 2, ff: int = 64):
         super().__init__()
-        cfg = transformers.BertConfig(
-            hidden_size=32, num_attention_heads=2, intermediate_size=64, num_hidden_layers=1
-        )
-        self.layer = transformers.models.bert.modeling_bert.BertLayer(cfg)
+        self.heads = heads
+        self.q, self.k, self.v = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+        self.out, self.norm1 = torch.nn.Linear(hidden, hidden), torch.nn.LayerNorm(hidden)
+        self.up, self.down = torch.nn.Linear(hidden, ff), torch.nn.Linear(ff, hidden)
+        self.norm2 = torch.nn.LayerNorm(hidden)
 
     def forward(self, hidden):
-        out = self.layer(hidden)
-        return out[0] if isinstance(out, tuple) else out
+        b, s, h = hidden.shape
+
+        def heads(x):
+            return x.view(b, s, self.heads, h // self.heads).transpose(1, 2)
+
+        q, k, v = heads(self.q(hidden)), heads(self.k(hidden)), heads(self.v(hidden))
+        scores = q @ k.transpose(-1, -2) / (h // self.heads) ** 0.5
+        context = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, h)
+        x = self.norm1(self.out(context) + hidden)
+        return self.norm2(self.down(torch.nn.functional.gelu(self.up(x))) + x)
 
 
 class ResNetBlock(torch.nn.Module):
