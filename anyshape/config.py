@@ -106,19 +106,34 @@ class Options:
             raise TypeError(f"unknown anyshape option(s) {sorted(unknown)}; known: {known}")
         values.update(overrides)
         for f in fields(Options):
-            if f.name not in values:
-                continue
-            v = values[f.name]
+            v = values.get(f.name)
             if f.type in (bool, "bool", int, "int") and isinstance(v, str):
-                values[f.name] = v = _parse(f.type, v)  # dnnl_matmul="off" as the variable reads
+                values[f.name] = _parse(f.type, v)  # dnnl_matmul="off" as the variable reads
+            elif f.metadata.get("choices") and isinstance(v, str):
+                values[f.name] = v.lower()
+        try:
+            return Options(**values)
+        except OptionError as e:  # say where the bad value came from
+            source = "keyword" if e.option in overrides else f"ANYSHAPE_{e.option.upper()}"
+            raise OptionError(e.option, f"{e} ({source})") from None
+
+    def __post_init__(self):
+        for f in fields(self):
             choices = f.metadata.get("choices")
-            if choices and str(v).lower() not in choices:
-                source = "keyword" if f.name in overrides else f"ANYSHAPE_{f.name.upper()}"
-                raise ValueError(
-                    f"anyshape option {f.name} must be one of {', '.join(choices)}, "
-                    f"got {v!r} ({source})"
+            value = getattr(self, f.name)
+            if choices and value not in choices:
+                raise OptionError(
+                    f.name,
+                    f"anyshape option {f.name} must be one of {', '.join(choices)}, got {value!r}",
                 )
-        return Options(**values)
+
+
+class OptionError(ValueError):
+    """An option given a value outside its choices; ``option`` names it."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
 
 
 def _parse(ty, text: str):

@@ -38,9 +38,7 @@ class BuildError(AnyshapeError, RuntimeError):
 
 
 def cache_dir(root: str = "") -> Path:
-    """The cache folder: ``root``, else the ``cache_dir`` option as the environment sets
-    it (``ANYSHAPE_CACHE_DIR``), else ``~/.cache/anyshape``."""
-    root = root or Options.from_env().cache_dir
+    """The cache folder: ``root`` (the ``cache_dir`` option), else ``~/.cache/anyshape``."""
     path = Path(root or os.path.join(os.path.expanduser("~"), ".cache", "anyshape"))
     path.mkdir(parents=True, exist_ok=True)
     return path

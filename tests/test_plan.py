@@ -189,3 +189,18 @@ def test_the_verifier_catches_a_slot_shared_by_live_buffers():
     memory.slot_of[b] = memory.slot_of[a]
     with pytest.raises(PlanError, match="holds two buffers alive at once"):
         verify_plan(sched)
+
+
+def test_emission_refuses_a_memory_plan_that_frees_a_buffer_too_early():
+    """The host program shares workspace slots on the plan's lifetimes; a kernel taking a
+    buffer the plan no longer keeps alive is an internal error, never shared memory."""
+    from anyshape.codegen.cpu.host import emit_translation_unit
+
+    sched = _plan("bert_layer")
+    memory = sched.memory
+    b = max(memory.lifetimes, key=lambda x: memory.lifetimes[x][1] - memory.lifetimes[x][0])
+    first, last = memory.lifetimes[b]
+    assert last > first  # read by a later kernel than the one writing it
+    memory.lifetimes[b] = (first, first)
+    with pytest.raises(AssertionError, match="does not keep alive there"):
+        emit_translation_unit(sched.graph, [], sched)

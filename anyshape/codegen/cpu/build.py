@@ -47,7 +47,7 @@ def small_gemm_flags(small_gemm: str = "onednn") -> list[str]:
     generated code. Plugin mode only: artifacts keep OpenBLAS as their one library.
     ``small_gemm="openblas"`` (the option) turns it off, and with it every oneDNN route.
     """
-    if small_gemm.lower() == "openblas":
+    if small_gemm == "openblas":
         return []
     try:
         from importlib import metadata

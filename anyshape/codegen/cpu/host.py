@@ -22,7 +22,7 @@ from ...config import Options
 from ...ir.graph import Graph, Node
 from ...ir.symbolic import SymExpr, as_dim, format_expr
 from ...runtime.binder import InputSpec, ShapeBinder
-from ...schedule.memory import MemoryPlan, kernel_buffers
+from ...schedule.memory import MemoryPlan
 from ...schedule.op_classes import SOURCE_OPS
 from ...schedule.plan import Schedule, describe_kernel
 from ...schedule.reads import members
@@ -167,7 +167,8 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         if o not in out_nodes:
             out_nodes.append(o)
         slots.append(out_nodes.index(o))
-    _check_buffers(sched, buffer_of, kernels)
+    returned = {buffer_of[id(sched.aliases.get(id(o), o))] for o in out_nodes}
+    _check_buffers(sched, buffer_of, kernels, returned)
     plan = sched.memory
     body += _workspace(plan)
     owned = []  # returned buffers: malloc'd here, freed by the caller
@@ -216,23 +217,23 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
     return out, slots
 
 
-def _check_buffers(sched: Schedule, buffer_of: dict[int, int], kernels: list[Kernel]) -> None:
-    """Every buffer an emitted kernel takes has a lifetime in the memory plan covering that
-    kernel: workspace slots are shared on that promise. (The plan may count a read the
-    kernel does not make: a longer lifetime, never a wrong answer.)"""
-    owner = {b: buffer_of[id(sched.aliases.get(id(n), n))] for n, b in _buffers(sched, buffer_of)}
-    for k in kernels:
-        planned = {owner[buffer_of[v]] for v in kernel_buffers(sched, k.root)}
-        unplanned = {owner[p] for p in k.ptrs} - planned
-        if unplanned:
-            raise AssertionError(
-                f"kernel {k.root.op} {k.root.type} takes buffers {sorted(unplanned)} the memory "
-                "plan gave it no lifetime for (an anyshape bug)"
-            )
-
-
-def _buffers(sched: Schedule, buffer_of: dict[int, int]):
-    return [(n, buffer_of[id(n)]) for n in sched.materialized]
+def _check_buffers(sched: Schedule, buffer_of: dict[int, int], kernels: list[Kernel], returned):
+    """Every buffer an emitted kernel takes is an input, a weight, a returned output, or a
+    workspace buffer the memory plan keeps alive at that kernel: slots are shared on that
+    promise. (The plan may count a read the kernel does not make: a longer lifetime.)"""
+    memory = sched.memory
+    owner = {
+        buffer_of[id(n)]: buffer_of[id(sched.aliases.get(id(n), n))] for n in sched.materialized
+    }
+    outside = {buffer_of[id(n)] for n in sched.materialized if n.op in SOURCE_OPS} | returned
+    for k, kernel in enumerate(kernels):
+        for b in {owner[p] for p in kernel.ptrs} - outside:
+            first, last = memory.lifetimes.get(b, (k + 1, k))
+            if not first <= k <= last or b not in memory.slot_of:
+                raise AssertionError(
+                    f"kernel {kernel.root.op} {kernel.root.type} takes buffer {b}, which the "
+                    "memory plan does not keep alive there (an anyshape bug)"
+                )
 
 
 def _workspace(plan: MemoryPlan) -> list[str]:
