@@ -1,47 +1,114 @@
-"""The loop-invariant pass over generated kernel lines (codegen/cpu/hoist.py)."""
+"""The loop-nest level (codegen/cpu/loop_ir.py) and the invariant pass over it (hoist.py)."""
 
 from anyshape.codegen.cpu.hoist import hoist_invariants
+from anyshape.codegen.cpu.loop_ir import (
+    Const,
+    For,
+    Loop,
+    block,
+    const,
+    if_,
+    loop,
+    prune,
+    stmt,
+    text,
+    write,
+)
 
 
-def test_invariant_statements_move_before_the_loop_and_its_pragmas():
-    lines = [
-        "for (int64_t row = lo; row < hi; ++row) {",
-        "  #pragma omp simd reduction(+:acc)",
-        "  for (int64_t r0 = 0; r0 < D_1; ++r0) {",
-        "    const bool t1 = (((const uint8_t*)p1)[(i2) * D_1 + 0] != 0);",
-        "    const float t2 = ((const float*)p2)[(i2) * D_1 + r0];",
-        "    const float t3 = ((float)0.125);",
-        "    const float t4 = (t1 ? t2 * t3 : t3);",
-        "    acc += t4;",
-        "  }",
-        "  if (++i2 == D_1) { i2 = 0; }",
-        "}",
-    ]
-    out = hoist_invariants(lines)
-    pragma = out.index("  #pragma omp simd reduction(+:acc)")
-    # t1 reads only i2, which the inner loop does not change: it moves out of the r0 loop;
-    # t3 is a constant and moves all the way out; t2 and t4 depend on r0 and stay.
-    assert out.index("  const bool t1 = (((const uint8_t*)p1)[(i2) * D_1 + 0] != 0);") < pragma
-    assert out[0] == "const float t3 = ((float)0.125);"
-    assert out.index("    const float t2 = ((const float*)p2)[(i2) * D_1 + r0];") > pragma
-    assert any("t4 = (t1 ? t2 * t3 : t3)" in ln for ln in out[pragma:])
-    # i2 is assigned inside the row loop: t1 must not leave it.
-    assert out.index("for (int64_t row = lo; row < hi; ++row) {") < out.index(
-        "  const bool t1 = (((const uint8_t*)p1)[(i2) * D_1 + 0] != 0);"
+def _row_loop():
+    # for row { #pragma simd  for r0 { t1 (mask, reads i2) t2 (reads r0) t3 (constant) t4 } step i2 }
+    inner = loop(
+        For("r0", "0", "D_1"),
+        [
+            const("bool", "t1", "(((const uint8_t*)p1)[(i2) * D_1 + 0] != 0)"),
+            const("float", "t2", "((const float*)p2)[(i2) * D_1 + r0]"),
+            const("float", "t3", "((float)0.125)"),
+            const("float", "t4", "(t1 ? t2 * t3 : t3)"),
+            stmt("acc += t4;", "acc"),
+        ],
+        ["#pragma omp simd reduction(+:acc)"],
     )
-    assert len(out) == len(lines)
+    return loop(For("row", "lo", "hi"), [inner, stmt("if (++i2 == D_1) { i2 = 0; }", "i2")])
 
 
-def test_scratch_error_state_stores_and_nested_blocks_stay():
-    lines = [
-        "for (int64_t i = 0; i < n; ++i) {",
-        "  const float t0 = rb[0];",  # per-thread scratch
-        "  const int64_t t1 = as_index((int64_t)(k), n, err);",  # sets the error flag
-        "  const float t2 = ((const float*)p0)[3];",  # p0 is stored to in this loop
-        "  if (c) {",
-        "    const float t3 = ((const float*)p1)[0];",  # conditional: stays in its block
-        "  }",
-        "  ((float*)p0)[i] = t0 + t2;",
-        "}",
+def test_invariant_values_move_before_the_loop_and_its_pragmas():
+    out = hoist_invariants([_row_loop()])
+    # t3 reads nothing that varies: it leaves both loops, first.
+    assert isinstance(out[0], Const) and out[0].name == "t3"
+    row = out[1]
+    assert isinstance(row, Loop) and row.heads[0].var == "row"
+    # t1 reads only i2, which the r0 loop does not change: it moves out of that loop, but
+    # i2 is assigned in the row loop, so it stays inside that one.
+    assert [n.name for n in row.body if isinstance(n, Const)] == ["t1"]
+    r0 = row.body[1]
+    assert [n.name for n in r0.body if isinstance(n, Const)] == ["t2", "t4"]
+    lines = write(out)
+    assert lines.index("  const bool t1 = (((const uint8_t*)p1)[(i2) * D_1 + 0] != 0);") < (
+        lines.index("  #pragma omp simd reduction(+:acc)")
+    )
+    assert lines[0] == "const float t3 = ((float)0.125);"
+    assert lines[1] == "for (int64_t row = lo; row < hi; ++row) {"
+
+
+def test_scratch_error_state_stores_branches_and_hand_written_code_stay():
+    body = [
+        const("float", "t0", "rb[0]"),  # per-thread scratch
+        const("int64_t", "t1", "as_index((int64_t)(k), n, err)"),  # sets the error flag
+        const("float", "t2", "((const float*)p0)[3]"),  # p0 is stored to in this loop
+        if_("c", [const("float", "t3", "((const float*)p1)[0]")]),  # conditional: stays
+        stmt("((float*)p0)[i] = t0 + t2;", "p0"),
     ]
-    assert hoist_invariants(lines) == lines
+    nodes = [loop(For("i", "0", "n"), body)]
+    assert hoist_invariants(nodes) == tuple(nodes)
+    # A loop holding hand-written code (effects not stated) keeps even a constant.
+    opaque = [loop(For("i", "0", "n"), [const("float", "t9", "1.0f"), text("x[i] = 2;")])]
+    assert hoist_invariants(opaque) == tuple(opaque)
+    unstated = [loop(For("i", "0", "n"), [const("float", "t9", "1.0f"), stmt("f();")])]
+    assert hoist_invariants(unstated)[0] == unstated[0].body[0]
+
+
+def test_the_writer_prints_collapsed_nests_branches_blocks_and_guards():
+    from anyshape.codegen.cpu.loop_ir import Guarded
+
+    tree = [
+        block(
+            [
+                loop(
+                    [For("i0", "0", "D_0"), For("i1", "0", "4")],
+                    [if_("i1 < 2", [stmt("a();")], [stmt("b();")])],
+                    ["#pragma omp parallel for collapse(2)"],
+                ),
+                loop(For("done", None, test="done < D_0"), [stmt("c();")]),
+            ],
+            ["#pragma omp parallel"],
+        ),
+        Guarded("ANYSHAPE_DNNL", (text("d();"),)),
+    ]
+    assert write(tree) == [
+        "#pragma omp parallel",
+        "{",
+        "  #pragma omp parallel for collapse(2)",
+        "  for (int64_t i0 = 0; i0 < D_0; ++i0) for (int64_t i1 = 0; i1 < 4; ++i1) {",
+        "    if (i1 < 2) {",
+        "      a();",
+        "    } else {",
+        "      b();",
+        "    }",
+        "  }",
+        "  for (; done < D_0; ++done) {",
+        "    c();",
+        "  }",
+        "}",
+        "#ifdef ANYSHAPE_DNNL",
+        "d();",
+        "#endif",
+    ]
+
+
+def test_prune_drops_tagged_statements_at_any_depth():
+    store = stmt("rb[0] = t1;", "rb", tag=("row store", 0))
+    tree = [loop(For("i", "0", "n"), [store, if_("i < n", [store, stmt("x();")])])]
+    pruned = prune(tree, lambda n: getattr(n, "tag", None) == ("row store", 0))
+    assert "rb[0] = t1;" not in "\n".join(write(pruned))
+    assert "x();" in "\n".join(write(pruned))

@@ -80,6 +80,24 @@ def test_planner_classifies_every_op_and_the_cpu_backend_renders_each_class():
     assert set(TargetCosts().memory_operands) <= cpu.LIBRARY_OPS
 
 
+def test_cpu_backend_renders_every_op_or_says_why_not():
+    from anyshape.codegen.cpu.expr import FUSED, UNSUPPORTED, KernelScope
+    from anyshape.codegen.cpu.kernels import EMITTERS
+    from anyshape.codegen.cpu.stitch_emit import StitchScope
+    from anyshape.schedule import op_classes as cpu
+
+    # Like the interpreter: each op of the table is rendered (an expression in a loop
+    # nest, a kernel of its own, or a load of an input) or listed with its reason.
+    rendered = set(FUSED) | set(EMITTERS) | cpu.SOURCE_OPS
+    assert rendered | set(UNSUPPORTED) == set(OPS)
+    assert not rendered & set(UNSUPPORTED) and all(UNSUPPORTED.values())
+    # Everything the planner fuses into a loop nest has an expression.
+    assert cpu.POINTWISE_OPS | cpu.NOT_RECOMPUTED <= set(FUSED)
+    # Each entry names a method; the stitch scope renders reductions in its rows.
+    assert all(callable(getattr(KernelScope, m)) for m in FUSED.values())
+    assert StitchScope._op_reduce is not KernelScope._op_reduce
+
+
 def test_builder_rejects_an_unknown_op():
     with pytest.raises(IRTypeError, match="unknown op 'frobnicate'"):
         GraphBuilder().op("frobnicate")

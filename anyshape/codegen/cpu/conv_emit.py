@@ -18,13 +18,10 @@ from ...ir.symbolic import shape_numel
 from . import pool_emit
 from .ctypes_map import c_type
 from .expr import KernelScope
+from .loop_ir import For, Guarded, if_, loop, text
 
 # Below this many output positions per image, a batch's columns share one GEMM.
 BATCHED_CONV_POSITIONS = 256
-
-
-def _indent(lines: list[str], depth: int) -> list[str]:
-    return ["  " * depth + ln for ln in lines]
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,7 @@ def _im2col_tap(c: _Conv) -> list[str]:
     return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
 
 
-def _conv_dnnl(c: _Conv, epilogue: list[str] | None, matmul: bool) -> list[str]:
+def _conv_dnnl(c: _Conv, epilogue: list | None, matmul: bool) -> list:
     """One image at a time through oneDNN (``dnnl_conv.h``, or ``dnnl_matmul.h`` for a
     channels-last 1x1 kernel), each image's epilogue right after it. If the first image
     cannot run there, im2col + GEMM below runs instead."""
@@ -119,23 +116,13 @@ def _conv_dnnl(c: _Conv, epilogue: list[str] | None, matmul: bool) -> list[str]:
         site = f"static AsConvSite dnnl_site = {{{', '.join(map(str, geometry))}, "
         site += f"{int(c.channels_last)}, "
         call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]})"
-    lines = [
-        "#ifdef ANYSHAPE_DNNL",
-        site + "{PTHREAD_MUTEX_INITIALIZER}};",
-        "int64_t done = 0;",
-        f"for (; done < {c.N}; ++done) {{",
-        "  const int64_t n = done;",
-        f"  if (!{call}) break;",
-    ]
-    if epilogue is not None:
-        lines += _indent(epilogue, 1)
-    lines += [
-        "}",
-        f"if (done == {c.N}) return 0;",
-        "if (done > 0) return 4;",
-        "#endif",
-    ]
-    return lines
+    each_image = [text("const int64_t n = done;", f"if (!{call}) break;"), *(epilogue or ())]
+    body = (
+        text(site + "{PTHREAD_MUTEX_INITIALIZER}};", "int64_t done = 0;"),
+        loop(For("done", None, c.N), each_image),
+        text(f"if (done == {c.N}) return 0;", "if (done > 0) return 4;"),
+    )
+    return [Guarded("ANYSHAPE_DNNL", body)]
 
 
 def _conv_batched(c: _Conv) -> list[str]:
@@ -177,7 +164,7 @@ def _conv_batched(c: _Conv) -> list[str]:
     return lines
 
 
-def _conv_channels_last(c: _Conv, epilogue: list[str] | None) -> list[str]:
+def _conv_channels_last(c: _Conv, epilogue: list | None) -> list:
     """im2col + GEMM on [N, H, W, C] activations (oneDNN's path when it cannot run one):
     per image, a column matrix of one row per output position, its columns each input
     channel's taps in turn (the order of the [O, C, KH, KW] weights), times the weights
@@ -190,40 +177,36 @@ def _conv_channels_last(c: _Conv, epilogue: list[str] | None) -> list[str]:
             f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});",
             "if (!col) return 3;",
         ]
-    lines += [
-        f"for (int64_t n = 0; n < {c.N}; ++n) {{",
-        f"  const {t}* xn = (const {t}*){c.px} + n * {c.Q} * {c.C};",
-    ]
+    image = [f"const {t}* xn = (const {t}*){c.px} + n * {c.Q} * {c.C};"]
     if not c.direct:
-        lines += [
-            f"  #pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)",
-            f"  for (int64_t p = 0; p < {c.P}; ++p) {{",
-            f"    {t}* d = col + p * {c.rows};",
-            f"    const int64_t o0 = p / {ow}, o1 = p % {ow};",
-            f"    for (int64_t k0 = 0; k0 < {kh}; ++k0) {{",
-            f"      const int64_t y0 = o0 * {sh} - {ph} + k0 * {dh};",
-            f"      for (int64_t k1 = 0; k1 < {kw}; ++k1) {{",
-            f"        const int64_t y1 = o1 * {sw} - {pw} + k1 * {dw}, tap = k0 * {kw} + k1;",
-            f"        if (y0 >= 0 && y0 < {h} && y1 >= 0 && y1 < {w}) {{",
-            f"          const {t}* s = xn + (y0 * {w} + y1) * {c.C};",
-            f"          for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = s[ch];",
-            "        } else {",
-            f"          for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = ({t})0;",
-            "        }",
+        image += [
+            f"#pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)",
+            f"for (int64_t p = 0; p < {c.P}; ++p) {{",
+            f"  {t}* d = col + p * {c.rows};",
+            f"  const int64_t o0 = p / {ow}, o1 = p % {ow};",
+            f"  for (int64_t k0 = 0; k0 < {kh}; ++k0) {{",
+            f"    const int64_t y0 = o0 * {sh} - {ph} + k0 * {dh};",
+            f"    for (int64_t k1 = 0; k1 < {kw}; ++k1) {{",
+            f"      const int64_t y1 = o1 * {sw} - {pw} + k1 * {dw}, tap = k0 * {kw} + k1;",
+            f"      if (y0 >= 0 && y0 < {h} && y1 >= 0 && y1 < {w}) {{",
+            f"        const {t}* s = xn + (y0 * {w} + y1) * {c.C};",
+            f"        for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = s[ch];",
+            "      } else {",
+            f"        for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = ({t})0;",
             "      }",
             "    }",
             "  }",
+            "}",
         ]
     a = "xn" if c.direct else "col"
-    lines.append(
-        f"  as_gemm_batch<{t}>(CblasNoTrans, CblasTrans, {c.P}, {c.out_channels}, {c.rows}, "
+    image.append(
+        f"as_gemm_batch<{t}>(CblasNoTrans, CblasTrans, {c.P}, {c.out_channels}, {c.rows}, "
         f"{a}, {c.rows}, (const {t}*){c.pw}, {c.rows}, ({t}*){c.po} + n * {c.P} * "
         f"{c.out_channels}, 1);"
     )
-    if epilogue is not None:  # this image's output, still in cache
-        lines += _indent(epilogue, 1)
-    lines += ["}", "return 0;"]
-    return lines
+    # this image's output, still in cache, goes through the epilogue
+    each_image = [text(*image), *(epilogue or ())]
+    return [text(*lines), loop(For("n", "0", c.N), each_image), text("return 0;")]
 
 
 def _row_major(prefix: str, dims, count: int) -> str:
@@ -272,53 +255,52 @@ def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
     return lines
 
 
-def emit_conv(scope: KernelScope, root: Node, epilogue: list[str] | None) -> list[str]:
+def emit_conv(scope: KernelScope, root: Node, epilogue: list | None) -> list:
     """Float convolution as im2col + one BLAS GEMM per (batch entry, group).
 
     A 1x1 convolution with unit stride and no padding reads its input as the GEMM
     operand directly; otherwise the columns go to a per-thread scratch buffer.
     ``epilogue`` is the loop nest of the elementwise consumer over one image ``n``.
+    The hand-written parts are ``Text`` (opaque to the passes); the epilogue stays
+    a loop nest the passes see.
     """
     c = _conv_geometry(scope, root)
     t, g = c.t, c.groups
-    lines = [f"if ({c.N} == 0 || {c.P} == 0) return 0;"]
+    out: list = [text(f"if ({c.N} == 0 || {c.P} == 0) return 0;")]
     route = scope.sched.routes.get(id(root))  # oneDNN (routes.py), when linked
     if route is not None:
-        lines += _conv_dnnl(c, epilogue, route.as_matmul)
+        out += _conv_dnnl(c, epilogue, route.as_matmul)
     if c.channels_last:
-        return lines + _conv_channels_last(c, epilogue)
-    # Few output positions per image (a CNN's last stages: 7x7) make each image's GEMM
-    # too narrow to run at speed: then the columns of all images go side by side.
-    lines.append(f"if ({c.N} > 1 && {c.P} < {BATCHED_CONV_POSITIONS}) {{")
-    lines += _indent(_conv_batched(c), 1)
+        return out + _conv_channels_last(c, epilogue)
+    batched = [text(*_conv_batched(c))]
     if epilogue is not None:
-        lines.append(f"  for (int64_t n = 0; n < {c.N}; ++n) {{")
-        lines += _indent(epilogue, 2)
-        lines.append("  }")
-    lines.append("  return 0;")
-    lines.append("}")
+        batched.append(loop(For("n", "0", c.N), epilogue))
+    batched.append(text("return 0;"))
+    out.append(if_(f"{c.N} > 1 && {c.P} < {BATCHED_CONV_POSITIONS}", batched))
     if not c.direct:
-        lines.append(f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});")
-        lines.append("if (!col) return 3;")
-    lines.append(f"for (int64_t n = 0; n < {c.N}; ++n) for (int64_t g = 0; g < {g}; ++g) {{")
-    lines.append(f"  const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};")
+        out.append(
+            text(
+                f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});",
+                "if (!col) return 3;",
+            )
+        )
+    image = [f"const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};"]
     if c.direct:
-        lines.append(f"  const {t}* B = xg;")
+        image.append(f"const {t}* B = xg;")
     else:
-        lines.append(f"  #pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)")
-        lines.append(f"  for (int64_t r = 0; r < {c.rows}; ++r) {{")
-        lines.append(f"    {t}* dst = col + r * {c.P};")
-        lines += _im2col_tap(c)
-        lines.append("  }")
-        lines.append(f"  const {t}* B = col;")
-    lines.append(
-        f"  as_conv_gemm<{t}>({c.og}, {c.P}, {c.rows}, "
+        image.append(f"#pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)")
+        image.append(f"for (int64_t r = 0; r < {c.rows}; ++r) {{")
+        image.append(f"  {t}* dst = col + r * {c.P};")
+        image += [ln[2:] for ln in _im2col_tap(c)]
+        image.append("}")
+        image.append(f"const {t}* B = col;")
+    image.append(
+        f"as_conv_gemm<{t}>({c.og}, {c.P}, {c.rows}, "
         f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, B, {c.P}, "
         f"({t}*){c.po} + (n * {c.out_channels} + g * {c.og}) * {c.P});"
     )
+    per_group = [text(*image)]
     if epilogue is not None:  # this image's output, still in cache
-        lines.append(f"  if (g == {g} - 1) {{")
-        lines += _indent(epilogue, 2)
-        lines.append("  }")
-    lines.append("}")
-    return lines
+        per_group.append(if_(f"g == {g} - 1", epilogue))
+    out.append(loop([For("n", "0", c.N), For("g", "0", str(g))], per_group))
+    return out

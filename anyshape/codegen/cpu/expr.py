@@ -22,6 +22,7 @@ from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
 from ...schedule.plan import Schedule
 from .ctypes_map import c_type, compute_type, literal, rounded
+from .loop_ir import const
 
 UNARY = {
     "neg": "(-{0})",
@@ -88,7 +89,7 @@ class KernelScope:
         self.buffer_of = buffer_of  # node id -> buffer id
         self.ptrs: list[int] = []  # buffer ids, P[k]
         self.ints: list[SymExpr] = []  # run-time integers, D[k]
-        self.lines: list[str] = []
+        self.lines: list = []  # loop-nest statements (loop_ir) of the block being emitted
         self.memo: dict[tuple, str] = {}
         self.counter = 0
         self.element_cost = 1  # relative work per element (kernels.element_cost)
@@ -130,7 +131,7 @@ class KernelScope:
     def tmp(self, ctype: str, expr: str) -> str:
         name = f"t{self.counter}"
         self.counter += 1
-        self.lines.append(f"const {ctype} {name} = {expr};")
+        self.lines.append(const(ctype, name, expr))
         return name
 
     # --- values ------------------------------------------------------------
@@ -192,39 +193,52 @@ class KernelScope:
         return expr
 
     def fused_expression(self, n: Node, idx: tuple[str, ...]) -> str:
-        """``n`` at ``idx`` computed from its operands' values (never a load of ``n``)."""
+        """``n`` at ``idx`` computed from its operands' values (never a load of ``n``),
+        by the op's entry in ``FUSED``."""
+        render = FUSED.get(n.op)
+        if render is None:
+            raise UnsupportedError(f"the CPU backend cannot fuse {n.op}")
+        return getattr(self, render)(n, idx)
+
+    # --- generated and elementwise values ------------------------------------
+    def _constant(self, n: Node, idx):
+        return literal(n.attr("value"), n.dtype)
+
+    def _shape_scalar(self, n: Node, idx):
+        return f"(({compute_type(n.dtype)}){self.dim(n.attr('expr'))})"
+
+    def _iota(self, n: Node, idx):
+        return f"(({compute_type(n.dtype)})({idx[n.attr('dim')]}))"
+
+    def _convert(self, n: Node, idx):
+        x = self.value(n.inputs[0], idx)
+        return f"({x} != 0)" if n.dtype.is_bool else f"(({compute_type(n.dtype)})({x}))"
+
+    def _unary(self, n: Node, idx):
+        return UNARY[n.op].format(self.value(n.inputs[0], idx), t=compute_type(n.dtype))
+
+    def _binary(self, n: Node, idx):
         op, t = n.op, compute_type(n.dtype)
-        if op == "constant":
-            return literal(n.attr("value"), n.dtype)
-        if op == "shape_scalar":
-            return f"(({t}){self.dim(n.attr('expr'))})"
-        if op == "iota":
-            return f"(({t})({idx[n.attr('dim')]}))"
-        if op == "convert":
-            x = self.value(n.inputs[0], idx)
-            return f"({x} != 0)" if n.dtype.is_bool else f"(({t})({x}))"
-        if op in UNARY:
-            return UNARY[op].format(self.value(n.inputs[0], idx), t=t)
         if op == "pow" and n.dtype.is_float:
             k = _constant_of(n.inputs[1])
             if k is not None and float(k) in _POW_BY_PRODUCT:
                 return _POW_BY_PRODUCT[float(k)](self.value(n.inputs[0], idx), t)
         if op == "mul" and t == "float" and (x := _gelu_erf_input(n)) is not None:
             return f"as_gelu_erff({self.value(x, idx)})"
-        if op in BINARY:
-            a, b = (self.value(i, idx) for i in n.inputs)
-            table = BOOL_LOGIC if n.inputs[0].dtype.is_bool and op in BOOL_LOGIC else BINARY
-            return table[op].format(a, b)
-        if op in ("div", "rem"):
-            a, b = (self.value(i, idx) for i in n.inputs)
-            return self._divide(n, a, b)
-        if op == "select":
-            c, a, b = (self.value(i, idx) for i in n.inputs)
-            return f"({c} ? {a} : {b})"
-        handler = getattr(self, f"_op_{op}", None)
-        if handler is None:
-            raise UnsupportedError(f"the CPU backend cannot fuse {op}")
-        return handler(n, idx)
+        a, b = (self.value(i, idx) for i in n.inputs)
+        table = BOOL_LOGIC if n.inputs[0].dtype.is_bool and op in BOOL_LOGIC else BINARY
+        return table[op].format(a, b)
+
+    def _quotient(self, n: Node, idx):
+        a, b = (self.value(i, idx) for i in n.inputs)
+        return self._divide(n, a, b)
+
+    def _select(self, n: Node, idx):
+        c, a, b = (self.value(i, idx) for i in n.inputs)
+        return f"({c} ? {a} : {b})"
+
+    def _op_reduce(self, n: Node, idx) -> str:
+        raise UnsupportedError("a reduction is fused only into a stitch group's rows")
 
     def _divide(self, n: Node, a: str, b: str) -> str:
         if n.dtype.is_float:
@@ -348,6 +362,40 @@ class KernelScope:
         src = list(idx)
         src[a] = j
         return self.value(x, tuple(src))
+
+
+# How each op the kernels compute in their loops is rendered as a C++ expression: the
+# name of its ``KernelScope`` method (a subclass, ``StitchScope``, overrides some). Ops
+# that are roots of their own kernel are ``kernels.EMITTERS``; graph inputs and weights
+# are loads. ``tests/test_op_tables.py`` checks that every op of the op table is one
+# of these or listed as unsupported with its reason.
+FUSED = {
+    "constant": "_constant",
+    "shape_scalar": "_shape_scalar",
+    "iota": "_iota",
+    "convert": "_convert",
+    **{op: "_unary" for op in UNARY},
+    **{op: "_binary" for op in BINARY},
+    "div": "_quotient",
+    "rem": "_quotient",
+    "select": "_select",
+    **{
+        op: f"_op_{op}"
+        for op in (
+            "broadcast_in_dim",
+            "transpose",
+            "slice",
+            "reshape",
+            "pad",
+            "concatenate",
+            "gather",
+            "take_along_axis",
+            "reduce",
+        )
+    },
+}
+# Ops of the op table the CPU backend does not render, with the reason (none today).
+UNSUPPORTED: dict[str, str] = {}
 
 
 # x ** k for constant k as products (vectorizes; libm pow does not).

@@ -16,6 +16,7 @@ from ...ir.symbolic import shape_numel
 from ...schedule.plan import Schedule
 from .ctypes_map import c_type
 from .expr import KernelScope
+from .loop_ir import Guarded, text
 
 
 def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:
@@ -24,20 +25,20 @@ def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:
     return (inner, True) if inner is not None else (x, False)
 
 
-def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> list[str]:
+def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> Guarded:
     k, n = (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
     pa, pw, pc = scope.ptr(_operand(scope.sched, root.inputs[0])[0]), scope.ptr(w), scope.ptr(root)
-    return [
-        "#ifdef ANYSHAPE_DNNL",
+    call = [
         f"static AsMatmulSite dnnl_site = {{{k}, {n}, {int(transposed)}, "
         "{PTHREAD_MUTEX_INITIALIZER}};",
         f"if (as_dnnl_matmul(&dnnl_site, (const float*){pa}, (const float*){pw}, (float*){pc}, "
         f"{scope.dim(root.shape[0])})) return 0;",
-        "#endif",
     ]
+    return Guarded("ANYSHAPE_DNNL", (text(*call),))
 
 
-def emit_dot(scope: KernelScope, root: Node) -> list[str]:
+def emit_dot(scope: KernelScope, root: Node) -> list:
+    """The GEMM call (hand-written glue, opaque to the passes)."""
     a, b = root.inputs
     m, n = root.shape[-2], root.shape[-1]
     k = a.shape[-1]
@@ -50,25 +51,31 @@ def emit_dot(scope: KernelScope, root: Node) -> list[str]:
         lda = M if ta else K
         ldb = K if tb else N
         lines = [
-            f"if ({M} == 0 || {N} == 0) return 0;",
-            f"if ({K} == 0) {{ for (int64_t q = 0; q < {B} * {M} * {N}; ++q) (({t}*){pc})[q] = 0; "
-            "return 0; }",
+            text(
+                f"if ({M} == 0 || {N} == 0) return 0;",
+                f"if ({K} == 0) {{ for (int64_t q = 0; q < {B} * {M} * {N}; ++q) (({t}*){pc})[q] = 0; "
+                "return 0; }",
+            )
         ]
         if id(root) in scope.sched.routes:  # oneDNN matmul (routes.py), when linked
-            lines += _dnnl_matmul(scope, root, bbuf, tb)
+            lines.append(_dnnl_matmul(scope, root, bbuf, tb))
         return lines + [
-            f"as_gemm_batch<{t}>({'CblasTrans' if ta else 'CblasNoTrans'}, "
-            f"{'CblasTrans' if tb else 'CblasNoTrans'}, {M}, {N}, {K}, "
-            f"(const {t}*){pa}, {lda}, (const {t}*){pb}, {ldb}, ({t}*){pc}, {B});",
+            text(
+                f"as_gemm_batch<{t}>({'CblasTrans' if ta else 'CblasNoTrans'}, "
+                f"{'CblasTrans' if tb else 'CblasNoTrans'}, {M}, {N}, {K}, "
+                f"(const {t}*){pa}, {lda}, (const {t}*){pb}, {ldb}, ({t}*){pc}, {B});",
+            )
         ]
     ct, acc = c_type(root.dtype), "double" if root.dtype.is_float else "int64_t"
     ia = f"(p * {K} + kk) * {M} + i" if ta else f"(p * {M} + i) * {K} + kk"
     ib = f"(p * {N} + j) * {K} + kk" if tb else f"(p * {K} + kk) * {N} + j"
     return [
-        "#pragma omp parallel for collapse(2)",
-        f"for (int64_t p = 0; p < {B}; ++p) for (int64_t i = 0; i < {M}; ++i)",
-        f"  for (int64_t j = 0; j < {N}; ++j) {{ {acc} s = 0;",
-        f"    for (int64_t kk = 0; kk < {K}; ++kk) s += ({acc})(({c_type(a.dtype)}*){pa})[{ia}] * "
-        f"({acc})(({c_type(b.dtype)}*){pb})[{ib}];",
-        f"    (({ct}*){pc})[(p * {M} + i) * {N} + j] = ({ct})s; }}",
+        text(
+            "#pragma omp parallel for collapse(2)",
+            f"for (int64_t p = 0; p < {B}; ++p) for (int64_t i = 0; i < {M}; ++i)",
+            f"  for (int64_t j = 0; j < {N}; ++j) {{ {acc} s = 0;",
+            f"    for (int64_t kk = 0; kk < {K}; ++kk) s += ({acc})(({c_type(a.dtype)}*){pa})[{ia}] * "
+            f"({acc})(({c_type(b.dtype)}*){pb})[{ib}];",
+            f"    (({ct}*){pc})[(p * {M} + i) * {N} + j] = ({ct})s; }}",
+        )
     ]

@@ -31,15 +31,8 @@ from . import conv_emit, gemm_emit, pool_emit
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .hoist import hoist_invariants
-from .loop_nest import (
-    ROW_SPLIT_WORK,
-    indent,
-    loop_vars,
-    nest_close,
-    nest_open,
-    statements,
-    store,
-)
+from .loop_ir import if_, stmt, text, write
+from .loop_nest import ROW_SPLIT_WORK, loop_vars, nest_open, statements, store
 from .reduce_emit import emit_argreduce, emit_cumulative, emit_reduce
 from .stitch_emit import StitchScope, emit_stitch, row_tail
 
@@ -54,23 +47,19 @@ class Kernel:
     row_tail: str = ""  # when a stitch kernel's row loops end in a masked tail block
 
 
-def _emit_pointwise(scope: KernelScope, root: Node) -> list[str]:
+def _emit_pointwise(scope: KernelScope, root: Node) -> list:
     names = tuple(loop_vars(root.rank))
-    lines: list[str] = []
     mode = "inner" if scope.split else "outer"
-    nest_open(scope, root.shape, names, scope.dim(root.type.numel), lines, mode)
+    close = nest_open(scope, root.shape, names, scope.dim(root.type.numel), mode)
     group = members(scope.sched, root)  # a horizontal group stores each member
 
     def stores():
-        return " ".join(store(scope, m, names, scope.fused_expression(m, names)) for m in group)
+        return [store(scope, m, names, scope.fused_expression(m, names)) for m in group]
 
-    body = statements(scope, stores)
-    lines += indent(body, 2 if root.rank else 0)
-    nest_close(root.rank, lines)
-    return lines
+    return close(statements(scope, stores))
 
 
-def _emit_window(scope: KernelScope, root: Node) -> list[str]:
+def _emit_window(scope: KernelScope, root: Node) -> list:
     """convolution and pool: direct loops over each output element's window."""
     if root.attr("channels_last", False):
         if root.op != "pool" or root.dtype not in (DType.f32, DType.f64) or root.rank != 4:
@@ -85,9 +74,8 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
     stride, pad, dil = root.attr("stride"), root.attr("padding"), root.attr("dilation")
     out_names = tuple(loop_vars(root.rank))
     lead = root.rank - nsp
-    lines: list[str] = []
     work = f"{scope.dim(root.type.numel)} * {int(shape_numel(kernel))}"
-    nest_open(scope, root.shape, out_names, work, lines)
+    close = nest_open(scope, root.shape, out_names, work)
     t = compute_type(x.dtype)
     kind = "sum" if conv else root.attr("kind")
     px = scope.ptr(x)
@@ -134,13 +122,11 @@ def _emit_window(scope: KernelScope, root: Node) -> list[str]:
         value = f"acc / {float(shape_numel(kernel))}"
     else:
         value = "(cnt ? acc / cnt : 0.0)"
-    inner.append(store(scope, root, out_names, f"({t})({value})"))
-    lines += indent(inner, 2)
-    nest_close(root.rank, lines)
-    return lines
+    inner.append(store(scope, root, out_names, f"({t})({value})").text)
+    return close([text(*inner)])  # a window walk: hand-written, opaque to the passes
 
 
-def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
+def _emit_conv(scope: KernelScope, root: Node) -> list:
     """Float convolutions: ``conv_emit`` (oneDNN, or im2col + GEMM), each image's epilogue
     right after it; other dtypes: the direct window loop."""
     if root.dtype not in (DType.f32, DType.f64):
@@ -151,18 +137,16 @@ def _emit_conv(scope: KernelScope, root: Node) -> list[str]:
     )
 
 
-def _epilogue(scope: KernelScope, epilogue: Node) -> list[str]:
+def _epilogue(scope: KernelScope, epilogue: Node) -> list:
     """The epilogue loop nest over one image ``n`` of the convolution's output."""
     names = ("n", *loop_vars(epilogue.rank)[1:])
-    lines: list[str] = []
     work = scope.dim(shape_numel(epilogue.shape[1:]))
-    nest_open(scope, epilogue.shape[1:], names[1:], work, lines)
-    body = statements(
-        scope, lambda: store(scope, epilogue, names, scope.fused_expression(epilogue, names))
+    close = nest_open(scope, epilogue.shape[1:], names[1:], work)
+    return close(
+        statements(
+            scope, lambda: store(scope, epilogue, names, scope.fused_expression(epilogue, names))
+        )
     )
-    lines += indent(body, 2)
-    nest_close(epilogue.rank - 1, lines)
-    return lines
 
 
 def _flat_load(scope: KernelScope, node: Node, ptr: str, idx) -> str:
@@ -215,12 +199,12 @@ def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate:
         row = scope.dim(root.shape[-1])
         few += f" && {row} * {scope.element_cost} > {ROW_SPLIT_WORK}"
         cond += f" and rows longer than {ROW_SPLIT_WORK // scope.element_cost}"
-    out = [f"if ({few}) {{", *indent(split, 1), "} else {", *indent(lines, 1), "}"]
+    out = [if_(few, split, lines)]
     many = ", ".join([" and ".join(texts)] * bool(texts) + [f"else whole {noun} per thread"])
     return out, [" and ".join(texts + [f"{cond}: {what}"]), many]
 
 
-def _window_refusal(scope: KernelScope, root: Node) -> list[str]:
+def _window_refusal(scope: KernelScope, root: Node) -> list:
     """Eager refuses a pool or convolution over an empty spatial dim, or whose window is
     larger than the padded input (an output size below 1): an error, as there, not an
     empty result (and never a window read outside the input)."""
@@ -232,7 +216,7 @@ def _window_refusal(scope: KernelScope, root: Node) -> list[str]:
     first = x.rank - nsp - last
     sizes = [*x.shape[first : first + nsp], *root.shape[first : first + nsp]]
     conds = [f"{scope.dim(d)} <= 0" for d in sizes if not (isinstance(d, int) and d > 0)]
-    return [f"if ({' || '.join(conds)}) return 6;"] if conds else []
+    return [stmt(f"if ({' || '.join(conds)}) return 6;")] if conds else []
 
 
 def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
@@ -263,13 +247,13 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
         cond = " && ".join(c for c, _ in scope.assumptions)
         text = " and ".join(t for _, t in scope.assumptions) + " (no run-time broadcast)"
         fast, fast_variants = _split_variant(sched, scope, root, emit, fast, [text], True)
-        lines = [f"if ({cond}) {{", *indent(fast, 1), "} else {", *indent(general, 1), "}"]
+        lines = [if_(cond, fast, general)]
         variants = fast_variants + ["general"]
     else:
         lines, variants = _split_variant(sched, scope, root, emit, lines, [], False)
         if len(variants) == 1:
             variants = []
-    lines = hoist_invariants(lines)
+    lines = write(hoist_invariants([*refuse, *lines]))
     # Buffers never overlap within a kernel: restrict lets loops vectorize without checks.
     head = [f"void* __restrict__ p{k} = P[{k}];" for k in range(len(scope.ptrs))]
     # Sizes as locals: read through D inside a `#pragma omp simd` loop, an index such
@@ -277,5 +261,5 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
     # attention softmax).
     head += [f"const int64_t D_{k} = D[{k}];" for k in range(len(scope.ints))]
     head.append("int err_flag = 0; int* err = &err_flag; (void)err;")
-    body = "\n".join(head + refuse + lines + ["return err_flag;"])
+    body = "\n".join(head + lines + ["return err_flag;"])
     return Kernel(body, scope.ptrs, scope.ints, root, variants, tail)

@@ -18,7 +18,8 @@ from __future__ import annotations
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import shape_numel
-from .loop_nest import nest_close, nest_open
+from .loop_ir import text
+from .loop_nest import nest_open
 
 
 def covers(root: Node) -> bool:
@@ -41,7 +42,7 @@ def in_range_columns(off: str, n_in, n_out, stride, valid: str = "true") -> list
     ]
 
 
-def emit_max_pool_rows(scope, root: Node) -> list[str]:
+def emit_max_pool_rows(scope, root: Node) -> list:
     x = root.inputs[0]
     (kh, kw), (sh, sw) = root.attr("kernel"), root.attr("stride")
     (ph, pw), (dh, dw) = root.attr("padding"), root.attr("dilation")
@@ -58,9 +59,8 @@ def emit_max_pool_rows(scope, root: Node) -> list[str]:
     )
     plane_in, plane_out = plane_in or "0", plane_out or "0"
     oh = names[-1]
-    lines: list[str] = []
     work = f"{scope.dim(root.type.numel)} * {kh * kw}"
-    nest_open(scope, root.shape[:-1], names, work, lines)
+    close = nest_open(scope, root.shape[:-1], names, work)
     px, po = scope.ptr(x), scope.ptr(root)
     OH = scope.dim(root.shape[-2])
     body = [
@@ -82,12 +82,10 @@ def emit_max_pool_rows(scope, root: Node) -> list[str]:
         "  }",
         "}",
     ]
-    lines += ["    " + ln for ln in body]
-    nest_close(len(names), lines)
-    return lines
+    return close([text(*body)])  # hand-written, opaque to the passes
 
 
-def emit_pool_channels_last(scope, root: Node) -> list[str]:
+def emit_pool_channels_last(scope, root: Node) -> list:
     """A 2-D float pool over [N, H, W, C]: per output position, every tap in range adds
     (or takes the max of) one contiguous channel vector."""
     x = root.inputs[0]
@@ -98,8 +96,7 @@ def emit_pool_channels_last(scope, root: Node) -> list[str]:
     H, W, C = (scope.dim(d) for d in x.shape[1:])
     OH, OW = (scope.dim(d) for d in root.shape[1:3])
     names = ("i0", "i1")  # image, output row
-    lines: list[str] = []
-    nest_open(scope, root.shape[:2], names, f"{scope.dim(root.type.numel)} * {kh * kw}", lines)
+    close = nest_open(scope, root.shape[:2], names, f"{scope.dim(root.type.numel)} * {kh * kw}")
     px, po = scope.ptr(x), scope.ptr(root)
     if kind == "max":
         init, step = "-__builtin_inf()", "o[c] = (v > o[c] || v != v) ? v : o[c];"
@@ -132,6 +129,4 @@ def emit_pool_channels_last(scope, root: Node) -> list[str]:
             f"  for (int64_t c = 0; c < {C}; ++c) o[c] *= scale;",
         ]
     body.append("}")
-    lines += ["    " + ln for ln in body]
-    nest_close(len(names), lines)
-    return lines
+    return close([text(*body)])

@@ -5,7 +5,7 @@ Sits beside ``kernels``, which runs ``emit_reduce``, ``emit_argreduce`` and
 per-row reductions from the same accumulators and steps. The fused input
 expression is read inside the reduction loops (input fusion); sums of f32
 accumulate in double. When there are fewer outputs than threads, a reduction
-splits its innermost reduced dim into one block per thread (``split_open``),
+splits its innermost reduced dim into one block per thread (``split_block``),
 each block into its own accumulator, combined once.
 """
 
@@ -18,7 +18,8 @@ from ...ir.dtypes import DType
 from ...ir.graph import Node
 from .ctypes_map import compute_type, literal
 from .expr import KernelScope
-from .loop_nest import PARALLEL_WORK, indent, loop_vars, nest_close, nest_open, statements, store
+from .loop_ir import Block, For, block, loop, stmt
+from .loop_nest import PARALLEL_WORK, loop_vars, nest_open, statements, store
 
 _INIT = {
     "sum": "0",
@@ -75,22 +76,27 @@ def reduce_init(kind: str, dt: DType) -> str:
     return literal(info.max if kind == "min" else info.min, dt)
 
 
-def split_open(n: str, clauses: str) -> list[str]:
-    """Open a loop over ``n`` elements split into one block per thread (``cb``), closed
-    by two braces; ``split_range`` opens the block's own loop. Each block reduces into
-    its own accumulator and combines once: an ``omp parallel for simd`` reduction run on
-    one thread (below the work bar) came out 4x slower than a plain simd loop."""
-    return [
-        "{",
-        f"const int64_t bs = as_split_block({n}, omp_get_max_threads()), nb = ({n} + bs - 1) / bs;",
-        f"#pragma omp parallel for {clauses}",
-        "for (int64_t cb = 0; cb < nb; ++cb) {",
-    ]
+def split_block(n: str, clauses: str, body) -> Block:
+    """A loop over ``n`` elements split into one block per thread (``cb``) around
+    ``body``; ``split_range`` is the block's own loop. Each block reduces into its own
+    accumulator and combines once: an ``omp parallel for simd`` reduction run on one
+    thread (below the work bar) came out 4x slower than a plain simd loop."""
+    return block(
+        [
+            stmt(
+                f"const int64_t bs = as_split_block({n}, omp_get_max_threads()), "
+                f"nb = ({n} + bs - 1) / bs;",
+                "bs",
+                "nb",
+            ),
+            loop(For("cb", "0", "nb"), body, [f"#pragma omp parallel for {clauses}"]),
+        ]
+    )
 
 
-def split_range(var: str, n: str) -> str:
-    """The loop over block ``cb``'s share of ``n`` (see ``split_open``)."""
-    return f"for (int64_t {var} = cb * bs; {var} < as_min64({n}, (cb + 1) * bs); ++{var}) {{"
+def split_range(var: str, n: str) -> For:
+    """The loop over block ``cb``'s share of ``n`` (see ``split_block``)."""
+    return For(var, "cb * bs", test=f"{var} < as_min64({n}, (cb + 1) * bs)")
 
 
 def split_combine(kind: str, acc: str, part: str, nan: bool) -> str:
@@ -103,22 +109,23 @@ def split_combine(kind: str, acc: str, part: str, nan: bool) -> str:
     )
 
 
-def emit_reduce(scope: KernelScope, root: Node) -> list[str]:
+def emit_reduce(scope: KernelScope, root: Node) -> list:
     x = root.inputs[0]
     kind, axes = root.attr("kind"), tuple(root.attr("axes"))
     out_names = tuple(loop_vars(root.rank))
-    lines: list[str] = []
     work = scope.dim(x.type.numel)
-    nest_open(scope, root.shape, out_names, work, lines, "serial" if scope.split else "outer")
+    close = nest_open(scope, root.shape, out_names, work, "serial" if scope.split else "outer")
     idx, it = [], iter(out_names)
     for d in range(x.rank):
         idx.append(f"r{d}" if d in axes else next(it))
     acc_t = acc_type(kind, x.dtype)
-    inner = [f"{acc_t} acc = {reduce_init(kind, x.dtype)};"]
+    init = reduce_init(kind, x.dtype)
+    inner = [stmt(f"{acc_t} acc = {init};", "acc")]
     simd = SIMD_REDUCTION.get(kind)
     float_minmax = kind in ("max", "min") and x.dtype.is_float
     if float_minmax:  # NaN propagates: tracked apart so the max/min itself vectorizes
-        inner.append("int acc_nan = 0;  // an int: a bool flag blocks vectorization (13x slower)")
+        note = "  // an int: a bool flag blocks vectorization (13x slower)"
+        inner.append(stmt("int acc_nan = 0;" + note, "acc_nan"))
         simd = f"reduction({kind}:acc) reduction(|:acc_nan)"
     loop_acc = "acc"
     if scope.split:  # fewer outputs than threads: blocks of the innermost reduced dim
@@ -126,92 +133,85 @@ def emit_reduce(scope: KernelScope, root: Node) -> list[str]:
         clause = (simd or f"reduction({kind}:acc)") + (
             f" schedule(static) if(({work}) * {scope.element_cost} > {PARALLEL_WORK})"
         )
-        inner += split_open(n_last, clause)
-        inner.append(f"{acc_t} accp = {reduce_init(kind, x.dtype)};")
-        if float_minmax:
-            inner.append("int accp_nan = 0;")
         loop_acc = "accp"
-    for k, a in enumerate(axes):
-        n_axis = scope.dim(x.shape[a])
-        if simd and k == len(axes) - 1:
-            inner.append(f"#pragma omp simd {simd.replace('acc', loop_acc)}")
-        if scope.split and k == len(axes) - 1:
-            inner.append(split_range(f"r{a}", n_axis))
-        else:
-            inner.append(f"for (int64_t r{a} = 0; r{a} < {n_axis}; ++r{a}) {{")
+    n_axes = [scope.dim(x.shape[a]) for a in axes]
 
     def step():
-        return accumulate(kind, loop_acc, scope.value(x, tuple(idx)), x.dtype, float_minmax)
+        v = scope.value(x, tuple(idx))
+        return stmt(
+            accumulate(kind, loop_acc, v, x.dtype, float_minmax), loop_acc, f"{loop_acc}_nan"
+        )
 
-    inner += indent(statements(scope, step), len(axes))
-    inner += ["}"] * len(axes)
+    body = statements(scope, step)
+    for k in reversed(range(len(axes))):
+        innermost = k == len(axes) - 1
+        var = f"r{axes[k]}"
+        pragmas = (
+            [f"#pragma omp simd {simd.replace('acc', loop_acc)}"] if simd and innermost else []
+        )
+        head = (
+            split_range(var, n_axes[k]) if scope.split and innermost else For(var, "0", n_axes[k])
+        )
+        body = [loop(head, body, pragmas)]
     if scope.split:
-        inner += [split_combine(kind, "acc", "accp", float_minmax), "}", "}"]
+        part = [stmt(f"{acc_t} accp = {init};", "accp")]
+        if float_minmax:
+            part.append(stmt("int accp_nan = 0;", "accp_nan"))
+        combined = stmt(split_combine(kind, "acc", "accp", float_minmax), "acc", "acc_nan")
+        inner.append(split_block(n_last, clause, [*part, *body, combined]))
+    else:
+        inner += body
     if float_minmax:
-        inner.append(f'if (acc_nan) acc = ({acc_t})__builtin_nan("");')
+        inner.append(stmt(f'if (acc_nan) acc = ({acc_t})__builtin_nan("");', "acc"))
     inner.append(store(scope, root, out_names, "acc"))
-    lines += indent(inner, 2 if root.rank else 0)
-    nest_close(root.rank, lines)
     if any(x.shape[a] == 0 for a in axes) and kind in ("max", "min"):
         raise UnsupportedError("max/min over an empty dim")
-    return lines
+    return close(inner)
 
 
-def emit_argreduce(scope: KernelScope, root: Node) -> list[str]:
+def emit_argreduce(scope: KernelScope, root: Node) -> list:
     x = root.inputs[0]
     axis, kind = root.attr("axis"), root.attr("kind")
     out_names = tuple(loop_vars(root.rank))
-    lines: list[str] = []
-    nest_open(scope, root.shape, out_names, scope.dim(x.type.numel), lines)
+    close = nest_open(scope, root.shape, out_names, scope.dim(x.type.numel))
+    n = scope.dim(x.shape[axis])
     idx = list(out_names[:axis]) + ["r"] + list(out_names[axis:])
     better = ">" if kind == "argmax" else "<"
     t = compute_type(x.dtype)
-    # Eager refuses an empty reduced dim, even when the result is empty too.
-    lines.insert(0, f"if ({scope.dim(x.shape[axis])} == 0) return 5;")
-    inner = [
-        f"{t} best = 0; int64_t arg = 0;",
-        f"for (int64_t r = 0; r < {scope.dim(x.shape[axis])}; ++r) {{",
-    ]
 
     def step():
         v = scope.value(x, tuple(idx))
         nan = f"as_isnan({v})"
-        return (
+        return stmt(
             f"if (r == 0 || (!as_isnan(best) && ({nan} || {v} {better} best))) "
-            f"{{ best = {v}; arg = r; }}"
+            f"{{ best = {v}; arg = r; }}",
+            "best",
+            "arg",
         )
 
-    inner += indent(statements(scope, step), 1)
-    inner.append("}")
-    inner.append(store(scope, root, out_names, "arg"))
-    lines += indent(inner, 2 if root.rank else 0)
-    nest_close(root.rank, lines)
-    return lines
+    inner = [
+        stmt(f"{t} best = 0; int64_t arg = 0;", "best", "arg"),
+        loop(For("r", "0", n), statements(scope, step)),
+        store(scope, root, out_names, "arg"),
+    ]
+    # Eager refuses an empty reduced dim, even when the result is empty too.
+    return [stmt(f"if ({n} == 0) return 5;"), *close(inner)]
 
 
-def emit_cumulative(scope: KernelScope, root: Node) -> list[str]:
+def emit_cumulative(scope: KernelScope, root: Node) -> list:
     x = root.inputs[0]
     axis, kind = root.attr("axis"), root.attr("kind")
     outer_shape = tuple(d for k, d in enumerate(root.shape) if k != axis)
     outer_names = tuple(f"i{k}" for k in range(root.rank) if k != axis)
     idx = tuple(f"i{k}" if k != axis else "r" for k in range(root.rank))
-    lines: list[str] = []
-    nest_open(scope, outer_shape, outer_names, scope.dim(root.type.numel), lines)
+    close = nest_open(scope, outer_shape, outer_names, scope.dim(root.type.numel))
     acc_t = acc_type(kind, x.dtype)
-    inner = [
-        f"{acc_t} acc = {_INIT[kind]};",
-        f"for (int64_t r = 0; r < {scope.dim(root.shape[axis])}; ++r) {{",
-    ]
+    n = scope.dim(root.shape[axis])
     body = statements(
         scope,
-        lambda: (
-            combine(kind, "acc", scope.value(x, idx), x.dtype)
-            + " "
-            + store(scope, root, idx, "acc")
-        ),
+        lambda: [
+            stmt(combine(kind, "acc", scope.value(x, idx), x.dtype), "acc"),
+            store(scope, root, idx, "acc"),
+        ],
     )
-    inner += indent(body, 1)
-    inner.append("}")
-    lines += indent(inner, 2 if outer_shape else 0)
-    nest_close(len(outer_shape), lines)
-    return lines
+    return close([stmt(f"{acc_t} acc = {_INIT[kind]};", "acc"), loop(For("r", "0", n), body)])

@@ -17,14 +17,15 @@ from ...ir.symbolic import format_dim
 from .ctypes_map import c_type, compute_type, rounded
 from .expr import KernelScope
 from .hoist import hoist_invariants
-from .loop_nest import PARALLEL_WORK, ROW_SPLIT_WORK, indent, loop_vars, statements, store
+from .loop_ir import For, Stmt, block, if_, loop, prune, stmt
+from .loop_nest import PARALLEL_WORK, ROW_SPLIT_WORK, loop_vars, statements, store
 from .reduce_emit import (
     SIMD_REDUCTION,
     acc_type,
     accumulate,
     reduce_init,
+    split_block,
     split_combine,
-    split_open,
     split_range,
 )
 
@@ -59,7 +60,7 @@ class StitchScope(KernelScope):
             self.row_slots[id(n)] = len(self.row_slots)
         self.planned_slots = self.row_slots
         self.row_len = root.shape[-1]
-        self.stored: dict[int, str] = {}  # slot -> the statement storing it (first loop)
+        self.stored: dict[int, Stmt] = {}  # slot -> the statement storing it (first loop)
         self.slots_read: set[int] = set()  # slots a later loop reads back
         self.row_loops: set[str] = set()  # index names of loops over a whole row
         self.row_values: set[str] = set()  # C names of per-row values (reductions, ...)
@@ -84,39 +85,29 @@ class StitchScope(KernelScope):
             self.slots_read.add(slot)
         else:  # the first loop over the row computes it (every loop covers the whole row)
             expr = self.tmp(compute_type(node.dtype), self.fused_expression(node, tuple(idx)))
-            self.stored[slot] = f"{where} = {expr};"
+            self.stored[slot] = stmt(f"{where} = {expr};", "rb", tag=("row store", slot))
             self.lines.append(self.stored[slot])
         self.memo[key] = expr
         return expr
 
-    def row_loop(self, var: str, n: str, pragma: str, body: list[str]) -> list[str]:
+    def row_loop(self, var: str, n: str, pragma: str, body) -> list:
         """A loop over one whole row on one thread: vectors up to the last multiple of
         ``TAIL_LANES``, then the rest as one block of ``TAIL_LANES`` whose lanes past the
         row are masked off. GCC leaves an ``omp simd`` loop's remainder to scalar code,
         where exp costs 10x a vector lane: a softmax over rows of 24 ran 1.6 ns per
-        element, 6x one over rows of 128. ``body`` is emitted twice, as text: values it
+        element, 6x one over rows of 128. ``body`` appears in both loops: values it
         stores to the row buffer are computed, not read back, in both copies. The row's
         store pass (``pragma`` empty) keeps GCC's own tail, guarded scalar stores: marked
         ``omp simd``, its masked vector stores made rows of 24 take 1.9x as long."""
         head = [f"#pragma omp simd {pragma}".rstrip()] if pragma else []
         if not row_tail(self.row_len):
-            return [*head, f"for (int64_t {var} = 0; {var} < {n}; ++{var}) {{", *body, "}"]
+            return [loop(For(var, "0", n), body, head)]
         nv = f"({n} & ~(int64_t){TAIL_LANES - 1})"
-        header = f"for (int64_t {var} = 0; {var} < {nv}; ++{var}) {{"
         # Invariants move out of the vector loop here, so the tail reads them too.
-        loop = hoist_invariants([*head, header, *body, "}"])
-        kept = loop[loop.index(header) + 1 : -1]
-        return [
-            *loop,
-            f"if ({nv} < {n}) {{",
-            *head,
-            f"for (int64_t {var} = {nv}; {var} < {nv} + {TAIL_LANES}; ++{var}) {{",
-            f"if ({var} < {n}) {{",
-            *indent(kept, 1),
-            "}",
-            "}",
-            "}",
-        ]
+        *moved, vector = hoist_invariants([loop(For(var, "0", nv), body, head)])
+        tail = For(var, nv, test=f"{var} < {nv} + {TAIL_LANES}")
+        masked = loop(tail, [if_(f"{var} < {n}", vector.body)], head)
+        return [*moved, vector, if_(f"{nv} < {n}", [masked])]
 
     def row_parallel(self, n: str) -> str:
         """OpenMP clauses of a loop over one whole row split over the threads: each loop
@@ -140,40 +131,44 @@ class StitchScope(KernelScope):
         # Lane-wise float partial sums (omp simd) over one row are as accurate as
         # eager's vectorized sums and twice as wide as double accumulators.
         acc_t = compute_type(x.dtype) if kind == "sum" else acc_type(kind, x.dtype)
-        lines = [f"{acc_t} {acc} = {reduce_init(kind, x.dtype)};"]
+        init = reduce_init(kind, x.dtype)
+        lines = [stmt(f"{acc_t} {acc} = {init};", acc)]
         simd = SIMD_REDUCTION.get(kind, "").replace("acc", acc)
         float_minmax = kind in ("max", "min") and x.dtype.is_float
         if float_minmax:
-            lines.append(f"int {acc}_nan = 0;")
+            lines.append(stmt(f"int {acc}_nan = 0;", f"{acc}_nan"))
             simd = f"reduction({kind}:{acc}) reduction(|:{acc}_nan)"
         n_red = self.dim(x.shape[axis])
         loop_acc = acc
         if simd and self.split:
             loop_acc = f"{acc}p"
-            lines += split_open(n_red, f"{simd} {self.row_parallel(n_red)}")
-            lines.append(f"{acc_t} {loop_acc} = {reduce_init(kind, x.dtype)};")
-            if float_minmax:
-                lines.append(f"int {loop_acc}_nan = 0;")
-            lines.append(f"#pragma omp simd {simd.replace(acc, loop_acc)}")
-            lines.append(split_range(r, n_red))
+            clauses = f"{simd} {self.row_parallel(n_red)}"
 
         def step():
             v = self.value(x, tuple(idx) + (r,))
-            return accumulate(kind, loop_acc, v, x.dtype, float_minmax)
+            return stmt(
+                accumulate(kind, loop_acc, v, x.dtype, float_minmax), loop_acc, f"{loop_acc}_nan"
+            )
 
-        body = indent(statements(self, step), 1)
+        body = statements(self, step)
         if loop_acc != acc:
-            lines += [*body, "}", split_combine(kind, acc, loop_acc, float_minmax), "}", "}"]
+            part = [stmt(f"{acc_t} {loop_acc} = {init};", loop_acc)]
+            if float_minmax:
+                part.append(stmt(f"int {loop_acc}_nan = 0;", f"{loop_acc}_nan"))
+            pragma = f"#pragma omp simd {simd.replace(acc, loop_acc)}"
+            part.append(loop(split_range(r, n_red), body, [pragma]))
+            part.append(stmt(split_combine(kind, acc, loop_acc, float_minmax), acc, f"{acc}_nan"))
+            lines.append(split_block(n_red, clauses, part))
         else:
             lines += self.row_loop(r, n_red, simd, body)
         if float_minmax:
-            lines.append(f'if ({acc}_nan) {acc} = ({acc_t})__builtin_nan("");')
+            lines.append(stmt(f'if ({acc}_nan) {acc} = ({acc_t})__builtin_nan("");', acc))
         self.lines += lines
         ct = compute_type(n.dtype)
         return acc if acc_t == ct else rounded(n.dtype, f"(({ct}){acc})")
 
 
-def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[str]:
+def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list:
     """Rows split into one contiguous range per thread; indices stepped, row buffer taken once.
 
     Short rows (attention's 128) made per-row costs visible: a collapsed OpenMP nest
@@ -188,19 +183,23 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
     scope.row_loops.add(last)
     t = c_type(root.dtype)
     n = scope.dim(root.shape[-1])
-    lines: list[str] = []
+    region: list = []  # the rows' parallel region, before the row loop
+    pragmas: list[str] = []
     if rows and scope.split:
         total = " * ".join(f"({e})" for e in extents)
-        lines += ["{", f"  const int64_t lo = 0, hi = {total};"]
+        region.append(stmt(f"const int64_t lo = 0, hi = {total};", "lo", "hi"))
     elif rows:
         work = scope.dim(root.type.numel)
         total = " * ".join(f"({e})" for e in extents)
-        lines += [
-            f"#pragma omp parallel if(({work}) * {scope.element_cost} > {PARALLEL_WORK})",
-            "{",
-            f"  const int64_t rows = {total};",
-            "  const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();",
-            "  const int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;",
+        pragmas.append(
+            f"#pragma omp parallel if(({work}) * {scope.element_cost} > {PARALLEL_WORK})"
+        )
+        region += [
+            stmt(f"const int64_t rows = {total};", "rows"),
+            stmt(
+                "const int64_t nt = omp_get_num_threads(), th = omp_get_thread_num();", "nt", "th"
+            ),
+            stmt("const int64_t lo = rows * th / nt, hi = rows * (th + 1) / nt;", "lo", "hi"),
         ]
     if rows:
         # The first row's indices, then each row steps them like an odometer. An extent
@@ -208,7 +207,8 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
         rest = "lo"
         for k in range(len(rows) - 1, -1, -1):
             e = extents[k]
-            lines.append(f"  int64_t {rows[k]} = {f'({e}) ? {rest} % ({e}) : 0' if k else rest};")
+            first = f"({e}) ? {rest} % ({e}) : 0" if k else rest
+            region.append(stmt(f"int64_t {rows[k]} = {first};", rows[k]))
             rest = f"(({e}) ? {rest} / ({e}) : 0)" if k else rest
 
     def row():
@@ -219,31 +219,32 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list[
             scope, lambda: store(scope, root, names, scope.fused_expression(root, names))
         )
         if scope.split:
-            scope.lines += split_open(n, scope.row_parallel(n)) + [split_range(last, n)]
-            scope.lines += indent(inner, 1) + ["}", "}", "}"]
+            share = loop(split_range(last, n), inner)
+            scope.lines.append(split_block(n, scope.row_parallel(n), [share]))
         else:
-            scope.lines += scope.row_loop(last, n, "", indent(inner, 1))
-        return ""
+            scope.lines += scope.row_loop(last, n, "", inner)
+        return []
 
-    body = indent(statements(scope, row), 2 if rows else 0)
+    body = statements(scope, row)
     # A value only the loop computing it reads (LayerNorm's output feeding GELU twice) is
     # not stored, and a kernel that reads no value back takes no row buffer.
-    unread = {line for slot, line in scope.stored.items() if slot not in scope.slots_read}
-    body = [ln for ln in body if ln.strip() not in unread]
+    unread = {("row store", slot) for slot in scope.stored if slot not in scope.slots_read}
+    body = prune(body, lambda node: isinstance(node, Stmt) and node.tag in unread)
     buffered = len(scope.row_slots) if scope.slots_read else 0
     if buffered:
         # At least one element: an empty row asks for 0 bytes, which the arena refuses.
         size = f"(int64_t)sizeof({t}) * {buffered} * as_max64({n}, 1)"
-        lines.append(f"  {t}* rb = ({t}*)as_scratch({size});")
-        lines.append("  if (!rb) err_flag = 3;" if rows else "  if (!rb) return 3;")
-    if rows:
-        guard = "rb && " if buffered else ""
-        lines.append(f"  for (int64_t row = lo; {guard}row < hi; ++row) {{")
-    lines += body
-    if rows:
-        step = ""
-        for k in range(len(rows) - 1, 0, -1):
-            step += f"if (++{rows[k]} == {extents[k]}) {{ {rows[k]} = 0; "
-        step += f"++{rows[0]};" + " }" * (len(rows) - 1)
-        lines += [f"    {step}", "  }", "}"]
-    return lines
+        region.append(stmt(f"{t}* rb = ({t}*)as_scratch({size});", "rb"))
+        region.append(
+            stmt("if (!rb) err_flag = 3;", "err_flag") if rows else stmt("if (!rb) return 3;")
+        )
+    if not rows:
+        return [*region, *body]
+    step = ""
+    for k in range(len(rows) - 1, 0, -1):
+        step += f"if (++{rows[k]} == {extents[k]}) {{ {rows[k]} = 0; "
+    step += f"++{rows[0]};" + " }" * (len(rows) - 1)
+    guard = "rb && " if buffered else ""
+    each_row = For("row", "lo", test=f"{guard}row < hi")
+    region.append(loop(each_row, [*body, stmt(step, *rows)]))
+    return [block(region, pragmas)]
