@@ -222,3 +222,59 @@ def test_a_static_row_of_whole_vectors_has_no_tail():
     x = np.random.default_rng(1).standard_normal((4, 40)).astype(np.float32)
     e = np.exp(x - x.max(1, keepdims=True))
     np.testing.assert_allclose(odd([x], [])[1], e / e.sum(1, keepdims=True), rtol=1e-5)
+
+
+def test_no_broadcast_variants_are_planned_printed_and_verified():
+    from dataclasses import replace
+
+    from anyshape.schedule.plan import plan_schedule
+    from anyshape.schedule.printer import print_plan
+    from anyshape.schedule.verifier import PlanError, verify_plan
+
+    graph = parse_graph(SOFTMAX_AND_EXP)
+    sched = plan_schedule(graph)
+    text = print_plan(sched)
+    # Both kernels read %y through a broadcast of s2 rows: each assumes s2 != 1.
+    assert text.count("speculate(s2 != 1: no run-time broadcast)") == 2, text
+    verify_plan(sched)
+    # An assumption none of the kernel's broadcasts decides per call is refused.
+    root = sched.kernels[0]
+    bogus = replace(sched.no_broadcast[id(root)], assumed=(graph.inputs[0].shape[1],))
+    sched.no_broadcast[id(root)] = bogus
+    with pytest.raises(PlanError, match="assumes s1 != 1"):
+        verify_plan(sched)
+
+
+def test_a_size_proved_not_one_reads_through_without_a_variant():
+    # s2 >= 2: the broadcast of %y can only be the identity, so no select and no variant.
+    graph = parse_graph(SOFTMAX_AND_EXP)
+    graph.constraints.add_symbol("s2", 2)
+    exe = CpuExecutable(graph, [], num_threads=THREADS)
+    assert not any("no run-time broadcast" in d for d in exe.kernel_descriptions)
+    assert "== 1 ? 0 :" not in exe.source
+    x = np.random.default_rng(0).standard_normal((4, 33)).astype(np.float32)
+    soft, ex = exe([x, x[::-1].copy()], [])
+    z = x + x[::-1]
+    np.testing.assert_allclose(ex, np.exp(z), rtol=1e-5)
+    w = np.exp(z - z.max(1, keepdims=True))
+    np.testing.assert_allclose(soft, w / w.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_a_broadcast_the_emitter_matches_away_leaves_no_variant():
+    # x ** 2 through a broadcast of a constant sized s3 (which may be 1): the plan assumes
+    # s3 != 1, but the kernel multiplies x by itself and reads no broadcast per call.
+    graph = parse_graph(
+        """graph @p(%x: f32[s0], %k: f32[s3]) {
+  %c = constant {dtype=f32, value=2.0} : f32[]
+  %0 = broadcast_in_dim(%c) {dims=[], shape=[s3]} : f32[s3]
+  %1 = broadcast_in_dim(%0) {dims=[0], shape=[s0]} : f32[s0]
+  %2 = pow(%x, %1) : f32[s0]
+  return %2
+}"""
+    )
+    exe = CpuExecutable(graph, [], num_threads=THREADS)
+    assert not any("no run-time broadcast" in d for d in exe.kernel_descriptions)
+    assert "!= 1" not in exe.source.split("static int")[1]
+    x = np.arange(5, dtype=np.float32)
+    (y,) = exe([x, np.ones(5, np.float32)], [])
+    np.testing.assert_allclose(y, x * x)

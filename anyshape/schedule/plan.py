@@ -43,7 +43,7 @@ from .op_classes import (
 )
 from .reads import members, memory_reads
 from .stitch import plan_stitches
-from .variants import SplitVariant, plan_split_variant
+from .variants import BroadcastVariant, SplitVariant, plan_broadcast_variant, plan_split_variant
 
 
 @dataclass
@@ -67,6 +67,8 @@ class Schedule:
     costs: TargetCosts = field(default_factory=TargetCosts)
     # split variants (variants.py): kernel root id -> its variant for few rows
     split: dict[int, SplitVariant] = field(default_factory=dict)
+    # no-broadcast variants (variants.py): kernel root id -> the sizes it assumes are not 1
+    no_broadcast: dict[int, BroadcastVariant] = field(default_factory=dict)
     # the workspace: slots shared by buffers whose lifetimes do not overlap (memory.py)
     memory: MemoryPlan = field(default_factory=MemoryPlan)
     # library routes, decided by the backend after planning: kernel root id -> its own
@@ -255,6 +257,10 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
         variant = plan_split_variant(sched, root, costs)
         if variant is not None:
             sched.split[id(root)] = variant
+        computed = [*members(sched, root), *fused_into(sched, root)]
+        speculated = plan_broadcast_variant(sched, root, computed)
+        if speculated is not None:
+            sched.no_broadcast[id(root)] = speculated
     sched.memory = plan_memory(sched)
     return sched
 

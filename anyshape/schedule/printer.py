@@ -5,8 +5,8 @@ reads next to the graph's own dump (``<graph>.plan`` beside the passes'
 ``.ir`` files in ``dump_dir``). One line per value in memory, then one per
 kernel in call order: its root, kind, what it fuses (``%n:op``), and where it
 applies stitch rows, a row buffer, an epilogue, a horizontal group, operands
-read transposed in place, a split variant for few rows, and the backend's
-library route; last, the
+read transposed in place, a no-broadcast variant, a split variant for few
+rows, and the backend's library route; last, the
 workspace slots, each with the buffers sharing it and their lifetimes (first
 and last kernel, counted from 0)::
 
@@ -84,6 +84,9 @@ def _kernel(sched: Schedule, root, ref) -> str:
     )
     if fused:
         text += " <- " + ", ".join(f"{ref(n)}:{n.op}" for n in fused)
+    assumed = sched.no_broadcast.get(id(root))
+    if assumed is not None:
+        text += f" speculate({assumed.describe()}: no run-time broadcast)"
     split = sched.split.get(id(root))
     if split is not None:
         text += f" split({format_dim(split.extent)} {split.noun} < threads: {split.what})"

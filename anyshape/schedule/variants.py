@@ -1,22 +1,32 @@
-"""Speculation on extents, planned: which kernels get a split variant, chosen per call.
+"""Speculation, planned: which kernels get variants chosen per call, and their predicates.
 
-Sits at the end of the kernel plan (``plan.py`` records it per kernel). A
-kernel with few rows (or outputs) leaves threads idle when whole rows go to
-each thread; its split variant splits each row (or reduction) over the threads
-instead, and the emitted kernel picks one per call (``rows < threads``). The
-planner decides which kernels have that variant and over what extent; what a
-target can split and where splitting stops paying are its costs
-(``TargetCosts``: ``split_reductions``, ``split_rows_max``, ``split_row_min``).
-The other speculation, assuming no dim broadcasts at run time, is found while
-emitting, where each broadcast's index is written.
+Sits at the end of the kernel plan (``plan.py`` records both per kernel). Two
+kinds of variant:
+
+- **split**: a kernel with few rows (or outputs) leaves threads idle when whole
+  rows go to each thread; its split variant splits each row (or reduction)
+  over the threads instead, picked per call (``rows < threads``). What a
+  target can split and where splitting stops paying are its costs
+  (``TargetCosts``: ``split_reductions``, ``split_rows_max``, ``split_row_min``).
+- **no broadcast**: a broadcast along a symbolic dim the constraint store
+  cannot prove is 1, the output's size, or not 1 (``broadcast_dim``) selects
+  its index per element at run time, which blocks vectorization; the variant
+  assumes each such size is not 1 (``BroadcastVariant.assumed``), picked per
+  call. Emitters ask ``broadcast_dim`` too, so the code they write and the
+  predicates planned here agree.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ir.symbolic import shape_numel
+from ..ir.symbolic import format_dim, shape_numel
 from .op_classes import ROOT_OPS
+
+# How a broadcast reads its operand along one dim (``broadcast_dim``).
+ONE = "one"  # the operand's size is 1: index 0
+SAME = "same"  # the operand's size is the output's: the output's index
+MAY_BE_ONE = "may be one"  # either, decided per call
 
 
 @dataclass(frozen=True)
@@ -48,3 +58,49 @@ def plan_split_variant(sched, root, costs) -> SplitVariant | None:
     if isinstance(extent, int) and extent >= costs.split_rows_max:
         return None
     return SplitVariant(extent, noun, f"{what} split over threads")
+
+
+@dataclass(frozen=True)
+class BroadcastVariant:
+    assumed: tuple  # sizes (SymExpr) the variant assumes are not 1, in a stable order
+
+    def describe(self) -> str:
+        return " and ".join(f"{format_dim(d)} != 1" for d in self.assumed)
+
+
+def broadcast_dim(constraints, size, out) -> str:
+    """``ONE``, ``SAME`` or ``MAY_BE_ONE``: how a broadcast reads an operand dim of
+    ``size`` into an output dim of ``out``. A broadcast's operand dim is 1 or the
+    output's size, so one proved not 1 is the output's."""
+    if size == 1 or (not isinstance(size, int) and constraints.prove_eq(size, 1)):
+        return ONE
+    if isinstance(size, int) or size == out:
+        return SAME
+    if constraints.prove_eq(size, out) or constraints.prove_not_one(size):
+        return SAME
+    return MAY_BE_ONE
+
+
+# Kernels with a no-broadcast variant: loop nests without early returns (elementwise,
+# reductions, stitch groups); library calls and window walks read their operands whole.
+def _speculated(sched, root) -> bool:
+    return id(root) in sched.stitches or root.op == "reduce" or root.op not in ROOT_OPS
+
+
+def plan_broadcast_variant(sched, root, computed) -> BroadcastVariant | None:
+    """The no-broadcast variant of ``root``'s kernel, whose loops compute ``computed``
+    (its outputs and what is fused into them), or None when it has none."""
+    if not _speculated(sched, root):
+        return None
+    store = sched.graph.constraints
+    assumed = {}
+    for n in computed:
+        if n.op != "broadcast_in_dim":
+            continue
+        x = n.inputs[0]
+        for i, d in enumerate(n.attr("dims")):
+            if broadcast_dim(store, x.shape[i], n.shape[d]) == MAY_BE_ONE:
+                assumed.setdefault(format_dim(x.shape[i]), x.shape[i])
+    if not assumed:
+        return None
+    return BroadcastVariant(tuple(assumed[k] for k in sorted(assumed)))

@@ -6,15 +6,17 @@ is sound when every value a kernel reads is an input, a weight or written by an
 earlier kernel; buffers sharing a workspace slot are never alive at once; every value in memory that is not an input, weight or alias is
 written by exactly one kernel; graph outputs are in memory; the values a stitch
 kernel computes per row are not; a horizontal group's members share one shape
-and dtype; and routes name kernels of the plan.
+and dtype; routes and variants name kernels of the plan; and a no-broadcast
+variant assumes only sizes its kernel broadcasts and nothing proves either way.
 """
 
 from __future__ import annotations
 
 from ..errors import AnyshapeError
 from .op_classes import SOURCE_OPS
-from .plan import Schedule
+from .plan import Schedule, fused_into
 from .reads import kernel_inputs, members, memory_reads
+from .variants import MAY_BE_ONE, broadcast_dim
 
 
 class PlanError(AnyshapeError, AssertionError):
@@ -56,10 +58,36 @@ def verify_plan(sched: Schedule) -> None:
         if n.op not in SOURCE_OPS and id(n) not in sched.aliases and id(n) not in written:
             raise PlanError(f"{n.op} {n.type} is in memory but no kernel writes it")
     _check_slots(sched)
-    for name, decided in (("route", sched.routes), ("split variant", sched.split)):
+    decisions = (
+        ("route", sched.routes),
+        ("split variant", sched.split),
+        ("no-broadcast variant", sched.no_broadcast),
+    )
+    for name, decided in decisions:
         stray = set(decided) - roots
         if stray:
             raise PlanError(f"{len(stray)} {name}(s) for values that are not kernel roots")
+    for k in sched.kernels:
+        if id(k) in sched.no_broadcast:
+            _check_assumed(sched, k, sched.no_broadcast[id(k)].assumed)
+
+
+def _check_assumed(sched: Schedule, root, assumed) -> None:
+    """Each size a no-broadcast variant assumes is not 1 is one its kernel's broadcasts
+    decide per call (not provably 1, the output's size, or not 1)."""
+    undecided = set()
+    for n in [*members(sched, root), *fused_into(sched, root)]:
+        if n.op == "broadcast_in_dim":
+            for i, d in enumerate(n.attr("dims")):
+                size = n.inputs[0].shape[i]
+                if broadcast_dim(sched.graph.constraints, size, n.shape[d]) == MAY_BE_ONE:
+                    undecided.add(size)
+    for size in assumed:
+        if size not in undecided:
+            raise PlanError(
+                f"kernel {root.op} {root.type} assumes {size} != 1, which none of its "
+                "broadcasts decides per call"
+            )
 
 
 def _check_ready(kernel, reads: set[int], owner: dict[int, int], ready: set[int]) -> None:

@@ -21,6 +21,7 @@ from ...errors import UnsupportedError
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
 from ...schedule.plan import Schedule
+from ...schedule.variants import ONE, SAME, broadcast_dim
 from .ctypes_map import c_type, compute_type, literal, rounded
 from .loop_ir import const
 
@@ -95,10 +96,9 @@ class KernelScope:
         self.element_cost = 1  # relative work per element (kernels.element_cost)
         self.needs_error_flag = False
         # Speculation: a dim that may broadcast at run time (size 1) costs a select per
-        # index; the speculative variant assumes it does not and records the predicate.
+        # index; the no-broadcast variant assumes the plan's sizes are not 1.
         self.speculate = False
-        self.may_broadcast = False  # the general variant has a run-time broadcast select
-        self.assumptions: list[tuple[str, str]] = []  # (C predicate, its text), speculative
+        self.assumed: tuple = ()  # the plan's BroadcastVariant.assumed
         # Speculation on extents: the variant for fewer rows (outputs) than threads splits
         # each row (reduction) over the threads instead of handing whole rows to them.
         self.split = False
@@ -253,17 +253,18 @@ class KernelScope:
         src = []
         for i, d in enumerate(n.attr("dims")):
             size = x.shape[i]
-            if size == 1:
+            how = broadcast_dim(self.sched.graph.constraints, size, n.shape[d])
+            if how == ONE:
                 src.append("0")
-            elif isinstance(size, int) or size == n.shape[d]:
+            elif how == SAME:
                 src.append(idx[d])
-            elif self.speculate:
-                pred = (f"{self.dim(size)} != 1", f"{format_dim(size)} != 1")
-                if pred not in self.assumptions:
-                    self.assumptions.append(pred)
+            elif self.speculate:  # the no-broadcast variant (planned: variants.py)
+                if size not in self.assumed:
+                    raise UnsupportedError(
+                        f"internal: the kernel plan did not assume {format_dim(size)} != 1"
+                    )
                 src.append(idx[d])
             else:
-                self.may_broadcast = True
                 src.append(f"({self.dim(size)} == 1 ? 0 : {idx[d]})")
         return self.value(x, tuple(src))
 

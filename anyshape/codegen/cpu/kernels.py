@@ -167,10 +167,6 @@ EMITTERS = {
 }
 
 
-# Kernel kinds that get a speculative no-broadcast variant (loop nests without early returns).
-SPECULATED = {"reduce"}
-
-
 def element_cost(sched: Schedule, root: Node) -> int:
     """Relative work per output element: 1, plus 8 per transcendental the kernel fuses.
 
@@ -237,16 +233,20 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
     scope.element_cost = element_cost(sched, root)
     refuse = _window_refusal(scope, root)
     lines = emit()
-    speculated = id(root) in sched.stitches or root.op in SPECULATED or root.op not in EMITTERS
-    if scope.may_broadcast and speculated:
+    assumed = sched.no_broadcast.get(id(root))  # planned (anyshape/schedule/variants.py)
+    if assumed is not None:
         # A dim that may be 1 at run time selects its index per element, which blocks
         # vectorization: a second variant assumes no such dim is 1, chosen per call.
         general = lines
+        scope.assumed = assumed.assumed
         scope.begin_variant(True, False)
         fast = emit()
-        cond = " && ".join(c for c, _ in scope.assumptions)
-        text = " and ".join(t for _, t in scope.assumptions) + " (no run-time broadcast)"
-        fast, fast_variants = _split_variant(sched, scope, root, emit, fast, [text], True)
+        if list(fast) == list(general):  # the plan's broadcasts were matched away (pow's
+            assumed = None  # constant exponent): no select to speculate on
+    if assumed is not None:
+        cond = " && ".join(f"{scope.dim(d)} != 1" for d in assumed.assumed)
+        described = assumed.describe() + " (no run-time broadcast)"
+        fast, fast_variants = _split_variant(sched, scope, root, emit, fast, [described], True)
         lines = [if_(cond, fast, general)]
         variants = fast_variants + ["general"]
     else:
