@@ -124,3 +124,16 @@ def test_bad_shape_ranges_are_rejected_with_the_reason(capsys):
         else:
             raise AssertionError(f"--shapes {bad} accepted")
         assert why in capsys.readouterr().err
+
+
+def test_compile_time_runs_cold_then_warm_and_checks_the_result(tmp_path, capsys):
+    from benchmarks import compile_time
+
+    cache = str(tmp_path / "cache")
+    for _ in range(2):  # cold, then restored from the model cache
+        compile_time.main(["--workload", "bert", "--quick", "--cache", cache])
+    cold, warm = capsys.readouterr().out.strip().splitlines()
+    for line in (cold, warm):
+        assert line.startswith("bert: optimize + first call "), line
+        assert float(line.split("max err ")[1].rstrip(")")) < 1e-4, line
+    assert any((tmp_path / "cache").iterdir())
