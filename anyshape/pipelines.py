@@ -31,7 +31,11 @@ PLUGIN = [
     ),
     ("model cache", "anyshape.plugin.model_cache:restore", "same model compiled before: skip all"),
     ("capture", "anyshape.frontends.torch.capture:capture_export", "torch.export, dims Dim.AUTO"),
-    ("decompose", "anyshape.frontends.torch.capture:capture_program", "core ATen, guards kept"),
+    (
+        "decompose",
+        "anyshape.frontends.torch.capture:capture_program",
+        "core ATen unless every op lowers as exported; guards kept",
+    ),
     ("size rewrites", "anyshape.frontends.torch.size_rewrites:register_size_rewrites", "exact"),
     ("partition", "anyshape.plugin.partition:plan_partitions", "which FX nodes lower: clusters"),
     ("lower", "anyshape.frontends.torch.lowering:lower_cluster", "ATen -> IR, one rule table"),

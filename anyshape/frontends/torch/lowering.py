@@ -39,21 +39,25 @@ LowerFn = Callable[..., "Node | tuple[Node, ...]"]
 class LoweringRule:
     fn: LowerFn
     partial: str | None = None  # what the rule does not cover, for docs/ops.md
+    # Whether the rule covers this FX node as exported, before decomposition (None: yes);
+    # a node it does not cover makes capture decompose the program first.
+    covers_as_exported: Callable[[fx.Node], bool] | None = None
 
 
 LOWERINGS: dict[object, LoweringRule] = {}
 
 
-def lowering(*targets, partial: str | None = None):
+def lowering(*targets, partial: str | None = None, covers_as_exported=None):
     """Register a rule for ATen overloads (an OpOverloadPacket registers every overload)."""
 
     def register(fn: LowerFn) -> LowerFn:
+        rule = LoweringRule(fn, partial, covers_as_exported)
         for t in targets:
             if isinstance(t, torch._ops.OpOverloadPacket):
                 for name in t.overloads():
-                    LOWERINGS.setdefault(getattr(t, name), LoweringRule(fn, partial))
+                    LOWERINGS.setdefault(getattr(t, name), rule)
             else:
-                LOWERINGS[t] = LoweringRule(fn, partial)
+                LOWERINGS[t] = rule
         return fn
 
     return register

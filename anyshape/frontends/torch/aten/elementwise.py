@@ -150,7 +150,12 @@ def _pow(ctx, a, b):
     return ctx.cast(ctx.op("pow", x, y), out.dtype)
 
 
-@lowering(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.logical_and.default)
+@lowering(
+    aten.bitwise_and.Tensor,
+    aten.bitwise_and.Scalar,
+    aten.logical_and.default,
+    aten.__and__.Tensor,  # `mask_a & mask_b` as exported, before decomposition
+)
 def _and(ctx, a, b):
     return _logic(ctx, "and", a, b)
 

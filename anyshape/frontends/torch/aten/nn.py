@@ -76,6 +76,14 @@ def _layer_norm(ctx, x, normalized_shape, weight, bias, eps):
     return _finish(ctx, y, 0), _finish(ctx, m, 1), _finish(ctx, rstd, 2)
 
 
+@lowering(aten.layer_norm.default)
+def _layer_norm_composite(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5, *_):
+    """``F.layer_norm`` as exported (before decomposition): the first output only."""
+    axes = tuple(range(x.rank - len(normalized_shape), x.rank))
+    y, _, _, _ = _normalize(ctx, ctx.cast(x, acc_dtype(x.dtype)), axes, eps)
+    return _finish(ctx, _affine(ctx, y, weight, bias, axes))
+
+
 @lowering(aten.native_group_norm.default)
 def _group_norm(ctx, x, weight, bias, n, c, hxw, group, eps):
     xs = ctx.cast(x, acc_dtype(x.dtype))
@@ -111,11 +119,21 @@ def _running(ctx: LowerCtx, old, new, momentum):
 _FUNCTIONAL = aten._native_batch_norm_legit_functional.default
 
 
+def _no_stats_update(node) -> bool:
+    """A batch norm that updates no running statistics in place (eval mode, or none
+    given): as exported, before the decomposition that makes the update functional."""
+    args = [*node.args, *[None] * 8][:8]
+    training = node.kwargs.get("training", args[5])
+    stats = node.kwargs.get("running_mean", args[3]), node.kwargs.get("running_var", args[4])
+    return not training or None in stats
+
+
 @lowering(_FUNCTIONAL)
 @lowering(
     aten.native_batch_norm.default,
     aten._native_batch_norm_legit.default,
     partial="training mode with running statistics (they would be updated in place)",
+    covers_as_exported=_no_stats_update,
 )
 def _batch_norm(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
     stats = None if running_mean is None or running_var is None else (running_mean, running_var)
