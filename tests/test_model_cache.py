@@ -190,3 +190,33 @@ def test_a_restored_model_reuses_its_kept_translation_unit(tmp_path, monkeypatch
     assert anyshape.stats()["model_cache_hits"] == 1
     assert opt.report.clusters[0].compiled.native.source == source
     _check(opt, model)
+
+
+def test_the_key_follows_the_file_defining_the_model_class(tmp_path, monkeypatch):
+    """A model class is keyed by a digest of its file: an edit there misses; a class
+    with no source at all has no key (never a stale hit)."""
+    import importlib
+    import os
+
+    from anyshape.config import Options
+    from anyshape.plugin import model_cache
+
+    src = tmp_path / "edited_model.py"
+    src.write_text(
+        "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n        return x + 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("edited_model")
+    args = (torch.randn(2, 4),)
+    key = model_cache.fingerprint(mod.M(), args, {}, None, Options())
+    assert key is not None
+    assert model_cache.fingerprint(mod.M(), args, {}, None, Options()) == key
+    src.write_text(src.read_text().replace("x + 1", "x + 2"))
+    os.utime(src, ns=(0, 10**18))  # a new modification time, whatever the clock
+    assert model_cache.fingerprint(mod.M(), args, {}, None, Options()) != key
+    namespace: dict = {}
+    exec(
+        "import torch\nclass N(torch.nn.Module):\n    def forward(self, x):\n        return x\n",
+        namespace,
+    )
+    assert model_cache.fingerprint(namespace["N"](), args, {}, None, Options()) is None

@@ -71,6 +71,23 @@ def _plain_attrs(module: torch.nn.Module) -> list:
     ]
 
 
+def _source_key(cls) -> str:
+    """What identifies ``cls``'s code: a digest of the file defining it (any edit there
+    changes it), or its own source when it has no readable file (a notebook cell).
+    ``inspect.getsource`` re-parses the whole module per class: 0.4 s of a warm start
+    for BERT-base's 15 classes, against a few ms to hash the files."""
+    path = inspect.getsourcefile(cls)  # TypeError for a built-in class, as getsource
+    if path and os.path.isfile(path):
+        st = os.stat(path)
+        return "file " + _file_digest(path, st.st_mtime_ns, st.st_size)
+    return inspect.getsource(cls)  # OSError when there is none: no safe key
+
+
+@functools.lru_cache(maxsize=256)
+def _file_digest(path: str, mtime_ns: int, size: int) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def _closure(cls) -> list[str]:
     """What ``forward`` closes over (a class made in a function per op shares its source)."""
     cells = getattr(getattr(cls, "forward", None), "__closure__", None) or ()
@@ -104,7 +121,7 @@ def fingerprint(model, args: tuple, kwargs: dict, dynamic_shapes, options: Optio
     add(FORMAT, VERSION, package_digest(), torch.__version__, sorted(vars(options).items()))
     try:
         for cls in sorted({type(m) for m in model.modules()}, key=lambda c: c.__qualname__):
-            add(cls.__module__, cls.__qualname__, inspect.getsource(cls), _closure(cls))
+            add(cls.__module__, cls.__qualname__, _source_key(cls), _closure(cls))
     except (OSError, TypeError, ValueError):
         return None  # a class without source (defined interactively): no safe key
     for name, m in model.named_modules():
