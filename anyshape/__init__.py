@@ -13,11 +13,18 @@ Standalone mode::
     model = anyshape.load("model.anyshape")                         # needs only NumPy
     outputs = model(*numpy_arrays)
 
+ONNX (first slice: the ops torch's exporters write for MLPs, transformer
+blocks and small CNNs; needs only the ``onnx`` package)::
+
+    module = anyshape.onnx.compile("model.onnx")   # any shape its dims allow
+    outputs = module(*numpy_arrays)                 # or by input name
+
 The core (``ir``, ``passes``, ``runtime``) needs only NumPy; torch is imported
 lazily by the functions that need it.
 """
 
 from .errors import AnyshapeError, ArtifactError, CaptureError, InputError, UnsupportedError
+from .frontends.onnx import api as onnx  # anyshape.onnx.compile(model): the ONNX frontend
 from .stats import reset_stats, stats
 from .version import __version__ as __version__
 
@@ -31,6 +38,7 @@ __all__ = [
     "export",
     "include_dir",
     "load",
+    "onnx",
     "optimize",
     "reset_stats",
     "stats",

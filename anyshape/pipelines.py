@@ -70,6 +70,14 @@ STANDALONE = [
     ("load", "anyshape.standalone.loader:load", "checks, weights mapped, library from memory"),
 ]
 
+# anyshape.onnx.compile(model): an ONNX model, one graph, nothing falls back
+ONNX = [
+    ("read", "anyshape.frontends.onnx.reader:read_model", "external weights, shape inference"),
+    ("lower", "anyshape.frontends.onnx.lower:lower_model", "rules by (op, opset); shapes folded"),
+    ("compile", "anyshape.pipelines:compile_graph", "as every mode, built for this process"),
+    ("call", "anyshape.frontends.onnx.compile:OnnxModule", "inputs by position or name"),
+]
+
 # compile_graph: the same for every mode
 COMPILE = [
     ("passes", "anyshape.passes.pipeline:run_pipeline", "canonical shapes, simplify; layouts"),
@@ -92,6 +100,7 @@ PIPELINES = {
     "dynamo_capture": DYNAMO_CAPTURE,
     "torch_compile": TORCH_COMPILE,
     "standalone": STANDALONE,
+    "onnx": ONNX,
     "compile": COMPILE,
     "cpu_backend": CPU_BACKEND,
 }

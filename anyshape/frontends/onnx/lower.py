@@ -1,0 +1,156 @@
+"""Lowering an ONNX graph to one IR graph: the ONNX frontend's driver.
+
+Sits after the reader (``reader.py``: inputs with symbolic dims, weights,
+opset) and before the shared compile path (``pipelines.compile_graph``). It
+walks the ONNX nodes in their (topological) file order, lowering only those the
+graph's outputs need, each through the rule ``rules.rule_for`` picks for its op
+type and opset. Values flow as ``context.Value`` (IR node, constant, or known
+vector of symbolic dims), so shape computations fold away here.
+
+After each node, the lowered types are checked against ``onnx.shape_inference``
+where it gave one (dtype, rank and static dims): a mismatch is an anyshape bug,
+reported with the node's name instead of a wrong result.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ...errors import UnsupportedError
+from ...ir.graph import Graph, GraphBuilder
+from ...ir.ops import IRTypeError
+from ...ir.symbolic import as_dim
+from .context import LowerCtx, OnnxNodeView, Value
+from .reader import OnnxModel
+from .rules import rule_for
+
+
+@dataclass
+class LoweredOnnx:
+    graph: Graph
+    input_names: list[str]  # the ONNX names, in graph-input order
+    output_names: list[str]
+
+
+def ir_name(text: str, taken: set[str], prefix: str = "") -> str:
+    """A tidy unique name (letters, digits, ``_`` and ``.``) for an ONNX name."""
+    name = prefix + (re.sub(r"[^A-Za-z0-9_.]", "_", text) or "v")
+    if not re.match(r"[A-Za-z_]", name):
+        name = "v_" + name
+    base, k = name, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
+
+
+def _needed_nodes(graph, outputs: list[str]) -> set[int]:
+    """Indices of the nodes the outputs depend on."""
+    producer = {}
+    for i, n in enumerate(graph.node):
+        for o in n.output:
+            if o:
+                producer[o] = i
+    needed: set[int] = set()
+    stack = [producer[o] for o in outputs if o in producer]
+    while stack:
+        i = stack.pop()
+        if i in needed:
+            continue
+        needed.add(i)
+        stack.extend(producer[x] for x in graph.node[i].input if x in producer)
+    return needed
+
+
+def lower_model(model: OnnxModel) -> LoweredOnnx:
+    """The whole ONNX graph as one IR graph, or an ``UnsupportedError`` naming a node."""
+    graph = model.proto.graph
+    gname = ir_name(model.name, set())[:48]
+    builder = GraphBuilder(name=gname)
+    ctx = LowerCtx(builder)
+    env: dict[str, Value | None] = {}
+    taken: set[str] = set()
+    for name, ty in model.inputs:
+        env[name] = Value.of_node(builder.input(ir_name(name, taken), ty))
+    weights: set[str] = set()
+    for name, array in model.initializers.items():
+        if name in env:
+            continue
+        v = Value.of_const(array)
+        v.param_name = ir_name(name, weights)
+        env[name] = v
+    needed = _needed_nodes(graph, model.output_names)
+    for i, proto in enumerate(graph.node):
+        if i not in needed:
+            continue
+        _lower_node(ctx, proto, model, env)
+    outputs = []
+    for name in model.output_names:
+        v = env.get(name)
+        if v is None:
+            raise UnsupportedError(f"graph output {name!r} is not computed by any lowered node")
+        outputs.append(ctx.node(v))
+    return LoweredOnnx(builder.build(outputs), [n for n, _ in model.inputs], model.output_names)
+
+
+def _lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
+    opset = model.opset
+    node = OnnxNodeView(proto, opset)
+    fn = rule_for(proto.op_type, opset, node.name, proto.domain)
+    ins: list[Value | None] = []
+    for x in proto.input:
+        if not x:
+            ins.append(None)
+            continue
+        if x not in env:
+            raise UnsupportedError(f"{node.describe()}: input {x!r} is not defined before it")
+        v = env[x]
+        if v is None:
+            raise UnsupportedError(
+                f"{node.describe()}: reads {x!r}, an output its producer's lowering does not "
+                "compute"
+            )
+        ins.append(v)
+    try:
+        outs = fn(ctx, node, ins)
+    except UnsupportedError as e:
+        text = str(e)
+        raise UnsupportedError(
+            text if node.name in text else f"{node.describe()}: {text}"
+        ) from None
+    except IRTypeError as e:
+        raise UnsupportedError(f"{node.describe()}: {e}") from None
+    except Exception as e:  # a rule bug: name the node instead of a bare traceback
+        raise UnsupportedError(
+            f"{node.describe()}: {type(e).__name__}: {e} (an anyshape bug)"
+        ) from e
+    for name, v in zip(proto.output, outs):
+        if name:
+            env[name] = v
+            if v is not None:
+                _check_inferred(node, name, v, model)
+    for name in list(proto.output)[len(outs) :]:
+        if name:
+            env[name] = None
+
+
+def _check_inferred(node: OnnxNodeView, name: str, v: Value, model: OnnxModel) -> None:
+    dtype, shape = model.inferred.get(name, (None, None))
+    if dtype is not None and dtype != v.dtype:
+        raise UnsupportedError(
+            f"{node.describe()}: output {name!r} lowered as {v.dtype}, ONNX infers {dtype} "
+            "(an anyshape bug)"
+        )
+    if shape is None:
+        return
+    bad = len(shape) != v.rank or any(
+        isinstance(want, int) and isinstance(as_dim(got), int) and want != as_dim(got)
+        for want, got in zip(shape, v.shape)
+    )
+    if bad:
+        raise UnsupportedError(
+            f"{node.describe()}: output {name!r} lowered with shape {list(v.shape)}, ONNX infers "
+            f"{list(shape)} (an anyshape bug)"
+        )
