@@ -455,8 +455,12 @@ def format_expr(e: SymExpr | int) -> str:
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(\*\*|//|[-+*%(),]))")
 
 
+# sympy's spellings, as torch writes derived dims (an ONNX file's dim_param, for one)
+_SYMPY_FUNCTIONS = {"FloorDiv": "floordiv", "Mod": "mod", "Max": "max", "Min": "min"}
+
+
 def parse_expr(text: str) -> SymExpr:
-    """Parse the text form written by ``format_expr``."""
+    """Parse the text form written by ``format_expr`` (and sympy's function names)."""
     parser = _ExprParser(text)
     e = parser.expr()
     parser.expect_end()
@@ -526,6 +530,7 @@ class _ExprParser:
             e = self.expr()
             self.expect(")")
             return e
+        tok = _SYMPY_FUNCTIONS.get(tok, tok) if self.peek() == "(" else tok
         if tok in ("floordiv", "mod", "max", "min") and self.peek() == "(":
             self.take()
             args = [self.expr()]

@@ -4,10 +4,10 @@ Sits between the reader (which hands over each graph input's declared shape) and
 the lowering (which sees every dim as ``int | SymExpr``). A ``dim_param`` is
 either a plain name (``"batch"``) or, as torch's exporter writes derived dims,
 a sympy-style expression over names (``"s1 + s2"``, ``"4*s1 + 4*s2"``,
-``"(s0 + 1)//2"``, ``"Max(s0, s1)"``). Expressions are read by a small
-tokenizer and recursive-descent parser (never ``eval``): integers, names,
-``+ - * //``, parentheses, and the functions ``FloorDiv``, ``Mod``, ``Max`` and
-``Min``. Anything else (``"batch size"``, ``"seq-len"`` whose parts are not
+``"(s0 + 1)//2"``, ``"Max(s0, s1)"``). Expressions are read by the IR's own
+expression parser (``ir.symbolic.parse_expr``, never ``eval``): integers, names,
+``+ - * // % **``, parentheses, and the functions ``FloorDiv``, ``Mod``, ``Max``
+and ``Min``. Anything else (``"batch size"``, ``"seq-len"`` whose parts are not
 names of other dims) is an opaque name, turned into a valid symbol.
 
 A dim with neither ``dim_value`` nor ``dim_param`` gets a fresh symbol of its
@@ -18,116 +18,13 @@ from __future__ import annotations
 
 import re
 
-from ...ir.symbolic import SymExpr, as_dim, floordiv, mod, sym_max, sym_min
+from ...ir.symbolic import SymExpr, as_dim, parse_expr
 
-_TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*(),]))")
-_FUNCTIONS = {"FloorDiv": 2, "Mod": 2, "Max": None, "Min": None, "floordiv": 2, "mod": 2}
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 class DimParseError(ValueError):
     """A ``dim_param`` is not an expression this parser reads."""
-
-
-def tokenize(text: str) -> list[str]:
-    """The tokens of ``text``; raises ``DimParseError`` on any other character."""
-    tokens: list[str] = []
-    pos = 0
-    while pos < len(text):
-        if text[pos:].strip() == "":
-            break
-        m = _TOKEN.match(text, pos)
-        if not m or not m.lastindex:
-            raise DimParseError(f"unexpected {text[pos:]!r} in dim expression {text!r}")
-        tokens.append(m.group(m.lastindex))
-        pos = m.end()
-    return tokens
-
-
-class _Parser:
-    """expr := term (('+' | '-') term)*; term := unary (('*' | '//') unary)*;
-    unary := '-' unary | atom; atom := INT | NAME | NAME '(' args ')' | '(' expr ')'."""
-
-    def __init__(self, text: str, symbol_of):
-        self.text = text
-        self.tokens = tokenize(text)
-        self.pos = 0
-        self.symbol_of = symbol_of
-
-    def peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def take(self) -> str:
-        tok = self.peek()
-        if tok is None:
-            raise DimParseError(f"dim expression {self.text!r} ends too early")
-        self.pos += 1
-        return tok
-
-    def expect(self, tok: str) -> None:
-        got = self.take()
-        if got != tok:
-            raise DimParseError(f"expected {tok!r}, got {got!r} in dim expression {self.text!r}")
-
-    def parse(self) -> SymExpr:
-        e = self.expr()
-        if self.peek() is not None:
-            raise DimParseError(f"trailing {self.peek()!r} in dim expression {self.text!r}")
-        return e
-
-    def expr(self) -> SymExpr:
-        e = self.term()
-        while self.peek() in ("+", "-"):
-            op = self.take()
-            t = self.term()
-            e = e + t if op == "+" else e - t
-        return e
-
-    def term(self) -> SymExpr:
-        e = self.unary()
-        while self.peek() in ("*", "//"):
-            op = self.take()
-            u = self.unary()
-            e = e * u if op == "*" else floordiv(e, u)
-        return e
-
-    def unary(self) -> SymExpr:
-        if self.peek() == "-":
-            self.take()
-            return -self.unary()
-        return self.atom()
-
-    def atom(self) -> SymExpr:
-        tok = self.take()
-        if tok.isdigit():
-            return SymExpr.const(int(tok))
-        if tok == "(":
-            e = self.expr()
-            self.expect(")")
-            return e
-        if _IDENT.fullmatch(tok):
-            if self.peek() == "(":
-                return self.call(tok)
-            return self.symbol_of(tok)
-        raise DimParseError(f"unexpected {tok!r} in dim expression {self.text!r}")
-
-    def call(self, name: str) -> SymExpr:
-        if name not in _FUNCTIONS:
-            raise DimParseError(f"unknown function {name!r} in dim expression {self.text!r}")
-        self.expect("(")
-        args = [self.expr()]
-        while self.peek() == ",":
-            self.take()
-            args.append(self.expr())
-        self.expect(")")
-        arity = _FUNCTIONS[name]
-        if arity is not None and len(args) != arity:
-            raise DimParseError(f"{name} takes {arity} arguments in {self.text!r}")
-        if name in ("FloorDiv", "floordiv"):
-            return floordiv(*args)
-        if name in ("Mod", "mod"):
-            return mod(*args)
-        return sym_max(*args) if name == "Max" else sym_min(*args)
 
 
 def symbol_name(text: str) -> str:
@@ -137,8 +34,12 @@ def symbol_name(text: str) -> str:
 
 
 def parse_dim_expr(text: str) -> SymExpr:
-    """Parse a ``dim_param`` expression; every name becomes a symbol of that name."""
-    return _Parser(text, SymExpr.symbol).parse()
+    """Parse a ``dim_param`` expression with the IR's own expression parser (never
+    ``eval``); every name becomes a symbol of that name."""
+    try:
+        return parse_expr(text)
+    except (ValueError, TypeError, ZeroDivisionError) as e:
+        raise DimParseError(f"dim expression {text!r}: {e}") from None
 
 
 class DimNamer:
@@ -207,5 +108,4 @@ __all__ = [
     "is_plain_name",
     "parse_dim_expr",
     "symbol_name",
-    "tokenize",
 ]
