@@ -220,3 +220,24 @@ def test_the_key_follows_the_file_defining_the_model_class(tmp_path, monkeypatch
         namespace,
     )
     assert model_cache.fingerprint(namespace["N"](), args, {}, None, Options()) is None
+
+
+def test_outputs_torch_cannot_serialize_compile_without_an_entry(tmp_path, monkeypatch):
+    """A model class defined at module level returning ``torch.return_types.max`` (whose
+    pytree spec has no serialized name) compiles and runs; it only gets no cache entry."""
+    import importlib
+
+    src = tmp_path / "returns_max.py"
+    src.write_text(
+        "import torch\nclass M(torch.nn.Module):\n    def forward(self, x):\n"
+        "        return x.max(dim=1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    model = importlib.import_module("returns_max").M()
+    cache = tmp_path / "cache"
+    compiled = anyshape.optimize(model, (torch.randn(3, 4),), cache_dir=str(cache))
+    x = torch.randn(2, 5)
+    got, want = compiled(x), model(x)
+    torch.testing.assert_close(got.values, want.values)
+    torch.testing.assert_close(got.indices, want.indices)
+    assert not list((cache / "models").glob("*.json"))

@@ -30,6 +30,7 @@ import hashlib
 import inspect
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -72,15 +73,25 @@ def _plain_attrs(module: torch.nn.Module) -> list:
 
 
 def _source_key(cls) -> str:
-    """What identifies ``cls``'s code: a digest of the file defining it (any edit there
-    changes it), or its own source when it has no readable file (a notebook cell).
+    """What identifies ``cls``'s code: a digest of the file defining it at top level (any
+    edit there changes it), else its own source (a class made in a function, a notebook
+    cell).
     ``inspect.getsource`` re-parses the whole module per class: 0.4 s of a warm start
     for BERT-base's 15 classes, against a few ms to hash the files."""
     path = inspect.getsourcefile(cls)  # TypeError for a built-in class, as getsource
-    if path and os.path.isfile(path):
+    if path and os.path.isfile(path) and _module_level(cls):
         st = os.stat(path)
         return "file " + _file_digest(path, st.st_mtime_ns, st.st_size)
     return inspect.getsource(cls)  # OSError when there is none: no safe key
+
+
+def _module_level(cls) -> bool:
+    """Whether ``cls`` is what its module's top-level name says (a class statement in
+    that file), not one made in a function or by ``type()`` (its own source is read)."""
+    obj = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
 
 
 @functools.lru_cache(maxsize=256)
@@ -166,6 +177,10 @@ def store(key: str, model, module, options: Options) -> None:
     state = _state_of(model, module.graph_module)
     if state is None:
         return
+    try:
+        specs = pytree.treespec_dumps(module._in_spec), pytree.treespec_dumps(direct.out_spec)
+    except NotImplementedError:
+        return  # a pytree type without a serialized name (torch.return_types.max): no entry
     binder = direct.prologue.binder
     entry = {
         "graph": print_graph(cluster.graph),
@@ -177,8 +192,8 @@ def store(key: str, model, module, options: Options) -> None:
         ],
         "order": direct.order,
         "outputs": [list(o) for o in direct.outputs],
-        "in_spec": pytree.treespec_dumps(module._in_spec),
-        "out_spec": pytree.treespec_dumps(direct.out_spec),
+        "in_spec": specs[0],
+        "out_spec": specs[1],
         "aten_ops": report.clusters[0].aten_ops,
         "facts": report.facts,
         "constants": sorted(constants),
