@@ -144,3 +144,25 @@ class ShapeBinder:
                     )
                 )
         return env
+
+
+def arrange_inputs(names: list[str], index: dict[str, int], args, kwargs) -> list:
+    """Inputs given by position and/or by name, in ``names`` order (``index``: name ->
+    position); an ``InputError`` for too many, unknown, repeated or missing ones."""
+    if not kwargs and len(args) == len(names):
+        return list(args)
+    if len(args) > len(names):
+        raise InputError(
+            f"the model takes {len(names)} inputs ({', '.join(names)}), got {len(args)}"
+        )
+    values = list(args) + [None] * (len(names) - len(args))
+    for name, value in kwargs.items():
+        if name not in index:
+            raise InputError(f"unknown input {name!r}; the inputs are {', '.join(names)}")
+        if values[index[name]] is not None:
+            raise InputError(f"input {name!r} given twice")
+        values[index[name]] = value
+    missing = [n for n, v in zip(names, values) if v is None]
+    if missing:
+        raise InputError(f"missing inputs {missing}; the inputs are {', '.join(names)}")
+    return values

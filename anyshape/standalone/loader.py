@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import InputError
 from ..ir.dtypes import DType
+from ..runtime.binder import arrange_inputs
 from ..runtime.host_cpu import isa_machine, machine, missing_cpu_flags
 from ..runtime.native import NativeGraph
 from .format import ArtifactError, Manifest, read_artifact
@@ -161,22 +162,7 @@ class StandaloneModel:
         return describe_manifest(self.manifest)
 
     def _arrange(self, args, kwargs) -> list:
-        names = self.input_names
-        if len(args) > len(names):
-            raise InputError(
-                f"the model takes {len(names)} inputs ({', '.join(names)}), got {len(args)}"
-            )
-        arrays = list(args) + [None] * (len(names) - len(args))
-        for name, value in kwargs.items():
-            if name not in self._index:
-                raise InputError(f"unknown input {name!r}; the inputs are {', '.join(names)}")
-            if arrays[self._index[name]] is not None:
-                raise InputError(f"input {name!r} given twice")
-            arrays[self._index[name]] = value
-        missing = [n for n, a in zip(names, arrays) if a is None]
-        if missing:
-            raise InputError(f"missing inputs {missing}; the inputs are {', '.join(names)}")
-        return arrays
+        return arrange_inputs(self.input_names, self._index, args, kwargs)
 
     def _as_array(self, k: int, value) -> np.ndarray:
         name = self.input_names[k]

@@ -20,6 +20,7 @@ import math
 from ...errors import UnsupportedError
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
+from ...schedule.op_classes import INDEX_OPS, NOT_RECOMPUTED
 from ...schedule.plan import Schedule
 from ...schedule.variants import ONE, SAME, broadcast_dim
 from .ctypes_map import c_type, compute_type, literal, rounded
@@ -380,20 +381,9 @@ FUSED = {
     "div": "_quotient",
     "rem": "_quotient",
     "select": "_select",
-    **{
-        op: f"_op_{op}"
-        for op in (
-            "broadcast_in_dim",
-            "transpose",
-            "slice",
-            "reshape",
-            "pad",
-            "concatenate",
-            "gather",
-            "take_along_axis",
-            "reduce",
-        )
-    },
+    # index ops and those computed once when shared: one method each; reductions only
+    # inside a stitch group's rows
+    **{op: f"_op_{op}" for op in sorted(INDEX_OPS | NOT_RECOMPUTED | {"reduce"})},
 }
 # Ops of the op table the CPU backend does not render, with the reason (none today).
 UNSUPPORTED: dict[str, str] = {}

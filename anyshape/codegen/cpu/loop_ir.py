@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass, field, replace
 
 _IDENTIFIER = re.compile(r"\b[A-Za-z_]\w*\b")
-UNKNOWN = None  # ``Stmt.writes`` of a statement whose effects are not stated: a barrier
 
 
 def identifiers(expr: str) -> frozenset[str]:
@@ -30,7 +29,7 @@ def identifiers(expr: str) -> frozenset[str]:
 @dataclass(frozen=True)
 class Stmt:
     """One line of statements; ``writes``: the names it declares, assigns or stores
-    through (``UNKNOWN``: not stated, so nothing moves across it). ``tag`` marks a
+    through (None: not stated, so nothing moves across it). ``tag`` marks a
     statement a later step may prune (a row-buffer store nobody reads back)."""
 
     text: str

@@ -21,7 +21,7 @@ from ...config import Options
 from ...errors import InputError, UnsupportedError
 from ...ir.dtypes import DType
 from ...pipelines import compile_graph
-from ...runtime.binder import InputSpec, ShapeBinder
+from ...runtime.binder import InputSpec, ShapeBinder, arrange_inputs
 from ...stats import bump
 from .lower import lower_model
 from .reader import read_model
@@ -97,24 +97,7 @@ class OnnxModule:
         return dict(zip(self.output_names, self(**inputs)))
 
     def _arrange(self, args, kwargs) -> list:
-        names = self.input_names
-        if not kwargs and len(args) == len(names):
-            return list(args)
-        if len(args) > len(names):
-            raise InputError(
-                f"the model takes {len(names)} inputs ({', '.join(names)}), got {len(args)}"
-            )
-        values = list(args) + [None] * (len(names) - len(args))
-        for name, value in kwargs.items():
-            if name not in self._index:
-                raise InputError(f"unknown input {name!r}; the inputs are {', '.join(names)}")
-            if values[self._index[name]] is not None:
-                raise InputError(f"input {name!r} given twice")
-            values[self._index[name]] = value
-        missing = [n for n, v in zip(names, values) if v is None]
-        if missing:
-            raise InputError(f"missing inputs {missing}; the inputs are {', '.join(names)}")
-        return values
+        return arrange_inputs(self.input_names, self._index, args, kwargs)
 
     def _as_array(self, i: int, value) -> tuple[np.ndarray, bool]:
         name = self.input_names[i]

@@ -37,6 +37,7 @@ from ...ir.dtypes import DType
 from ...ir.graph import GraphBuilder, Node
 from ...ir.symbolic import SymExpr, as_dim, as_expr, sym_max
 from ...ir.types import TensorType
+from ..building import IRBuilding
 
 Dim = int | SymExpr
 LAST_OPSET = 22  # the newest opset the rules were written against
@@ -125,7 +126,7 @@ class OnnxNodeView:
         return f"node {self.name!r} ({self.op_type}, opset {self.opset})"
 
 
-class LowerCtx:
+class LowerCtx(IRBuilding):
     """The builder plus ONNX-flavoured helpers (materializing values, broadcasting...)."""
 
     def __init__(self, builder: GraphBuilder):
@@ -193,44 +194,6 @@ class LowerCtx:
         )
 
     # --- building blocks ---------------------------------------------------
-    def op(self, name: str, /, *inputs: Node, **attrs) -> Node:
-        return self.b.op(name, *inputs, **attrs)
-
-    def const(self, value, dtype: DType) -> Node:
-        return self.b.constant(value, dtype)
-
-    def full(self, value, shape: Sequence, dtype: DType) -> Node:
-        c = self.b.constant(value, dtype)
-        shape = tuple(as_dim(d) for d in shape)
-        if not shape:
-            return c
-        return self.op("broadcast_in_dim", c, shape=shape, dims=())
-
-    def cast(self, x: Node, dtype: DType) -> Node:
-        return x if x.dtype == dtype else self.op("convert", x, dtype=dtype)
-
-    def reshape(self, x: Node, shape: Sequence) -> Node:
-        shape = tuple(as_dim(d) for d in shape)
-        if tuple(x.shape) == shape:
-            return x
-        return self.op("reshape", x, shape=shape)
-
-    def transpose(self, x: Node, perm: Sequence[int]) -> Node:
-        perm = tuple(perm)
-        if perm == tuple(range(x.rank)):
-            return x
-        return self.op("transpose", x, perm=perm)
-
-    def broadcast_to(self, x: Node, shape: Sequence) -> Node:
-        """NumPy-style (right-aligned) broadcast of ``x`` to ``shape``."""
-        shape = tuple(as_dim(d) for d in shape)
-        if tuple(x.shape) == shape:
-            return x
-        off = len(shape) - x.rank
-        if off < 0:
-            raise UnsupportedError(f"cannot broadcast {x.type} to rank {len(shape)}")
-        return self.op("broadcast_in_dim", x, shape=shape, dims=tuple(range(off, len(shape))))
-
     def broadcast_shape(self, shapes: Sequence[Sequence], what: str) -> tuple:
         """The NumPy broadcast of ``shapes`` under the policy in the module docstring."""
         rank = max((len(s) for s in shapes), default=0)

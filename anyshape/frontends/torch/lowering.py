@@ -28,8 +28,9 @@ from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Graph, GraphBuilder, Node
 from ...ir.ops import IRTypeError
-from ...ir.symbolic import SymExpr, as_dim, as_expr
+from ...ir.symbolic import SymExpr, as_expr
 from ...ir.types import TensorType
+from ..building import IRBuilding
 from .symbols import to_dim, to_dtype, to_tensor_type
 
 LowerFn = Callable[..., "Node | tuple[Node, ...]"]
@@ -81,7 +82,7 @@ def is_tensor_node(n) -> bool:
     return isinstance(n, fx.Node) and isinstance(n.meta.get("val"), torch.Tensor)
 
 
-class LowerCtx:
+class LowerCtx(IRBuilding):
     """State of one lowering: the builder, the current FX node, and helpers for rules."""
 
     def __init__(self, builder: GraphBuilder):
@@ -109,28 +110,6 @@ class LowerCtx:
         return to_dtype(comp), to_dtype(res)
 
     # --- building blocks --------------------------------------------------
-    def op(self, name: str, /, *inputs: Node, **attrs) -> Node:
-        return self.b.op(name, *inputs, **attrs)
-
-    def const(self, value, dtype: DType) -> Node:
-        return self.b.constant(value, dtype)
-
-    def cast(self, x: Node, dtype: DType) -> Node:
-        return x if x.dtype == dtype else self.op("convert", x, dtype=dtype)
-
-    def broadcast_to(self, x: Node, shape: Sequence) -> Node:
-        """NumPy-style broadcast of ``x`` (right-aligned) to ``shape``."""
-        shape = tuple(as_dim(d) for d in shape)
-        if x.shape == shape:
-            return x
-        off = len(shape) - x.rank
-        if off < 0:
-            raise UnsupportedError(f"cannot broadcast {x.type} to rank {len(shape)}")
-        return self.op("broadcast_in_dim", x, shape=shape, dims=tuple(range(off, len(shape))))
-
-    def full(self, value, shape: Sequence, dtype: DType) -> Node:
-        return self.broadcast_to(self.const(value, dtype), shape)
-
     def shape_scalar(self, dim, dtype: DType = DType.i64) -> Node:
         if isinstance(dim, int):
             return self.const(dim, dtype)
@@ -145,18 +124,6 @@ class LowerCtx:
         if isinstance(x, (bool, int, float)):
             return self.full(x, shape, dtype)
         raise UnsupportedError(f"unsupported operand {x!r}")
-
-    def reshape(self, x: Node, shape: Sequence) -> Node:
-        shape = tuple(as_dim(d) for d in shape)
-        if x.shape == shape:
-            return x
-        return self.op("reshape", x, shape=shape)
-
-    def transpose(self, x: Node, perm: Sequence[int]) -> Node:
-        perm = tuple(perm)
-        if perm == tuple(range(x.rank)):
-            return x
-        return self.op("transpose", x, perm=perm)
 
 
 def _meta_or_value(a):
