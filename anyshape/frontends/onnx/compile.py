@@ -23,8 +23,10 @@ from ...ir.dtypes import DType
 from ...pipelines import compile_graph
 from ...runtime.binder import InputSpec, ShapeBinder, arrange_inputs
 from ...stats import bump
+from .context import NeedsInputValue
 from .lower import lower_model
 from .reader import read_model
+from .specialize import ValueSpecializedModule
 
 
 class OnnxModule:
@@ -37,6 +39,7 @@ class OnnxModule:
         self.output_names = list(output_names)
         self.options = options
         self.compilations = 1  # one graph for every shape; nothing recompiles per call
+        self.specialized_on: frozenset[str] = frozenset()  # inputs compiled in as constants
         self._index = {n: i for i, n in enumerate(self.input_names)}
         specs = [
             InputSpec(name, node.dtype, node.shape)
@@ -124,15 +127,35 @@ def _known(a: np.ndarray) -> bool:
         return False
 
 
-def compile(model_or_path, *, base_dir: str | None = None, **options) -> OnnxModule:
+def compile(model_or_path, *, base_dir: str | None = None, **options):
     """Compile an ONNX model (a ``ModelProto``, a path or bytes) once for every input shape.
 
     ``base_dir``: where external weight files are, for a ``ModelProto`` whose
     weights were not loaded (a path finds them beside the model). ``options``
     are ``anyshape.config.Options`` fields (``backend``, ``threads``...).
+    Returns an ``OnnxModule``; a model with a graph input that sets a shape
+    returns a ``ValueSpecializedModule`` (``specialize.py``).
     """
     opts = Options.from_env(**options)
     model = read_model(model_or_path, base_dir)
+    try:
+        return _compile_model(model, opts)
+    except NeedsInputValue as e:
+        first = e.input_name
+
+    def compile_with(values: dict):
+        try:
+            return _compile_model(read_model(model_or_path, base_dir, values), opts), None
+        except NeedsInputValue as e:
+            return None, e.input_name
+
+    names = [n for n, _ in model.inputs]
+    return ValueSpecializedModule(
+        compile_with, dict(model.inputs), names, model.output_names, first
+    )
+
+
+def _compile_model(model, opts: Options) -> OnnxModule:
     lowered = lower_model(model)
     compiled = compile_graph(lowered.graph, opts)
     if compiled.extra_symbols:

@@ -40,7 +40,11 @@ from ...ir.types import TensorType
 from ..building import IRBuilding
 
 Dim = int | SymExpr
-LAST_OPSET = 22  # the newest opset the rules were written against
+# The newest opset the rules were checked against. Versions 23-28 of the ops
+# here add element types (float4/8, int2/4...) or attributes for those types
+# only (Cast's round_mode for float8e8m0, Range's stash_type for 16-bit floats);
+# the reader refuses those element types, so the rules' semantics hold.
+LAST_OPSET = 28
 
 
 @dataclass
@@ -53,6 +57,7 @@ class Value:
     const: np.ndarray | None = None
     known: tuple | None = None
     param_name: str | None = None  # the weight's name, when the constant is an initializer
+    input_name: str | None = None  # the graph input's name, when the value is one
 
     @property
     def rank(self) -> int:
@@ -78,6 +83,20 @@ class Value:
             arr = np.array(dims, dtype=dtype.to_numpy())
             return Value.of_const(arr.reshape(()) if scalar else arr)
         return Value(dtype, () if scalar else (len(dims),), known=dims)
+
+
+class NeedsInputValue(UnsupportedError):
+    """A rule needs the value of a graph input (a shape, axes or starts given as an input).
+
+    Raised by ``LowerCtx.const_of`` and ``known_of``; ``compile.py`` answers it by
+    compiling the model per distinct value of that input (``specialize.py``).
+    """
+
+    def __init__(self, input_name: str, what: str):
+        super().__init__(
+            f"{what} must be known at compile time; it is the graph input {input_name!r}"
+        )
+        self.input_name = input_name
 
 
 @dataclass
@@ -175,6 +194,8 @@ class LowerCtx(IRBuilding):
 
     @staticmethod
     def const_of(v: Value, what: str) -> np.ndarray:
+        if v.const is None and v.input_name is not None:
+            raise NeedsInputValue(v.input_name, what)
         if v.const is None:
             if v.known is not None and all(isinstance(d, int) for d in v.known):
                 return np.array(v.known, dtype=v.dtype.to_numpy()).reshape(v.shape)
@@ -188,6 +209,8 @@ class LowerCtx(IRBuilding):
             return v.known
         if v.const is not None and v.const.dtype.kind in "iu" and v.const.ndim <= 1:
             return tuple(int(x) for x in v.const.reshape(-1))
+        if v.input_name is not None:
+            raise NeedsInputValue(v.input_name, what)
         raise UnsupportedError(
             f"{what} must be known at compile time (a constant or computed from shapes); "
             "here it depends on tensor data"

@@ -211,6 +211,16 @@ _UNARY = {
     "Sin": ("sin", np.sin),
     "Cos": ("cos", np.cos),
     "Sign": ("sign", np.sign),
+    "Tan": ("tan", np.tan),
+    "Asin": ("asin", np.arcsin),
+    "Acos": ("acos", np.arccos),
+    "Atan": ("atan", np.arctan),
+    "Sinh": ("sinh", np.sinh),
+    "Cosh": ("cosh", np.cosh),
+    "Asinh": ("asinh", np.arcsinh),
+    "Acosh": ("acosh", np.arccosh),
+    "Atanh": ("atanh", np.arctanh),
+    "Round": ("round", np.round),  # half to even, as np.round and nearbyint
 }
 
 

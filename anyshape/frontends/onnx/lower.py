@@ -21,7 +21,7 @@ from ...errors import UnsupportedError
 from ...ir.graph import Graph, GraphBuilder
 from ...ir.ops import IRTypeError
 from ...ir.symbolic import as_dim
-from .context import LowerCtx, OnnxNodeView, Value
+from .context import LowerCtx, NeedsInputValue, OnnxNodeView, Value
 from .reader import OnnxModel
 from .rules import rule_for
 
@@ -74,6 +74,7 @@ def lower_model(model: OnnxModel) -> LoweredOnnx:
     taken: set[str] = set()
     for name, ty in model.inputs:
         env[name] = Value.of_node(builder.input(ir_name(name, taken), ty))
+        env[name].input_name = name
     weights: set[str] = set()
     for name, array in model.initializers.items():
         if name in env:
@@ -115,6 +116,8 @@ def _lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
         ins.append(v)
     try:
         outs = fn(ctx, node, ins)
+    except NeedsInputValue:
+        raise
     except UnsupportedError as e:
         text = str(e)
         raise UnsupportedError(

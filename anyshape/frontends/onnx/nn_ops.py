@@ -183,13 +183,32 @@ def _batch_norm(ctx, node, ins):
 
 # --- reductions ----------------------------------------------------------------------------------
 
-# op type -> (IR reduce kind or "mean", first opset taking axes as an input)
+# op type -> (how it reduces, first opset taking axes as an input); besides the IR's
+# reduce kinds: "mean", and the composites in _COMPOSITE (a map before, one after).
 _REDUCE = {
     "ReduceSum": ("sum", 13),
     "ReduceMean": ("mean", 18),
     "ReduceMax": ("max", 18),
     "ReduceMin": ("min", 18),
     "ReduceProd": ("prod", 18),
+    "ReduceL1": ("l1", 18),
+    "ReduceL2": ("l2", 18),
+    "ReduceSumSquare": ("sum_square", 18),
+    "ReduceLogSum": ("log_sum", 18),
+    "ReduceLogSumExp": ("log_sum_exp", 18),
+}
+
+_NUMPY_REDUCE = {
+    "sum": np.sum,
+    "mean": np.mean,
+    "max": np.max,
+    "min": np.min,
+    "prod": np.prod,
+    "l1": lambda x, **k: np.sum(np.abs(x), **k),
+    "l2": lambda x, **k: np.sqrt(np.sum(x * x, **k)),
+    "sum_square": lambda x, **k: np.sum(x * x, **k),
+    "log_sum": lambda x, **k: np.log(np.sum(x, **k)),
+    "log_sum_exp": lambda x, **k: np.log(np.sum(np.exp(x), **k)),
 }
 
 
@@ -210,22 +229,56 @@ def _reduce(ctx, node, ins):
         axes = range(xv.rank)
     axes = sorted({norm_axis(int(a), xv.rank, what) for a in axes})
     if xv.const is not None:
-        fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[kind]
-        out = fn(xv.const, axis=tuple(axes), keepdims=keep).astype(xv.const.dtype)
-        return [Value.of_const(np.asarray(out))]
+        with np.errstate(all="ignore"):
+            out = _NUMPY_REDUCE[kind](xv.const, axis=tuple(axes), keepdims=keep)
+        return [Value.of_const(np.asarray(out).astype(xv.const.dtype))]
     x = ctx.node(xv)
-    if kind in ("max", "min"):
-        for a in axes:
-            if isinstance(x.shape[a], int) and x.shape[a] == 0:
-                raise UnsupportedError(f"{what}: {kind} over an empty dim")
-    if kind == "mean":
+    empty = any(as_dim(x.shape[a]) == 0 for a in axes)
+    if empty and kind in ("max", "min", "log_sum_exp"):  # log(sum(exp(nothing))) = -inf
+        r = _empty_extreme(ctx, x, "max" if kind == "log_sum_exp" else kind, axes)
+    elif kind in ("mean", "l2", "log_sum", "log_sum_exp") or (
+        x.dtype.is_float and kind not in ("max", "min")
+    ):
         acc = acc_dtype(x.dtype)
-        if not acc.is_float:
-            raise UnsupportedError(f"{what}: integer mean")
-        r = ctx.cast(ctx.mean(ctx.cast(x, acc), axes), x.dtype)
+        if not acc.is_float and kind in ("mean", "l2", "log_sum", "log_sum_exp"):
+            raise UnsupportedError(f"{what}: {node.op_type} of integers")
+        r = ctx.cast(_reduce_composite(ctx, ctx.cast(x, acc), kind, axes), x.dtype)
     else:
-        r = ctx.reduce(x, kind, axes)
+        r = _reduce_composite(ctx, x, kind, axes)
     return [Value.of_node(ctx.keep_dims(r, x.shape, axes) if keep else r)]
+
+
+def _reduce_composite(ctx: LowerCtx, x: Node, kind: str, axes) -> Node:
+    if kind == "mean":
+        return ctx.mean(x, axes)
+    if kind == "l1":
+        return ctx.reduce(ctx.op("abs", x), "sum", axes)
+    if kind in ("l2", "sum_square"):
+        r = ctx.reduce(ctx.op("mul", x, x), "sum", axes)
+        return ctx.op("sqrt", r) if kind == "l2" else r
+    if kind == "log_sum":
+        return ctx.op("log", ctx.reduce(x, "sum", axes))
+    if kind == "log_sum_exp":  # max-shifted; an all -inf slice gives -inf, not NaN
+        m = ctx.reduce(x, "max", axes)
+        finite = ctx.op("select", ctx.op("isinf", m), ctx.full(0, m.shape, m.dtype), m)
+        z = ctx.op("sub", x, ctx.expand_back(finite, x.shape, axes))
+        s = ctx.op("log", ctx.reduce(ctx.op("exp", z), "sum", axes))
+        return ctx.op("add", s, finite)
+    return ctx.reduce(x, kind, axes)
+
+
+def _empty_extreme(ctx: LowerCtx, x: Node, kind: str, axes) -> Node:
+    """Max (min) over no elements: the dtype's lowest (highest) value, -inf (inf) for floats."""
+    dt = x.dtype.to_numpy()
+    if x.dtype.is_float:
+        value = -math.inf if kind == "max" else math.inf
+    elif x.dtype.is_bool:
+        value = kind == "min"
+    else:
+        info = np.iinfo(dt)
+        value = int(info.min if kind == "max" else info.max)
+    shape = [d for i, d in enumerate(x.shape) if i not in axes]
+    return ctx.full(value, shape, x.dtype)
 
 
 @rule("GlobalAveragePool", "GlobalMaxPool", first=1)

@@ -151,8 +151,14 @@ def _inferred_types(graph) -> dict[str, tuple[DType | None, tuple | None]]:
     return out
 
 
-def read_model(model_or_path, base_dir: str | None = None) -> OnnxModel:
-    """Load, infer shapes, and gather inputs, outputs and weights of an ONNX model."""
+def read_model(
+    model_or_path, base_dir: str | None = None, values: dict[str, np.ndarray] | None = None
+) -> OnnxModel:
+    """Load, infer shapes, and gather inputs, outputs and weights of an ONNX model.
+
+    ``values``: graph inputs given a fixed value (``specialize.py``); they become
+    constants like initializers and leave the input list.
+    """
     import onnx
 
     proto, folder = load_proto(model_or_path, base_dir)
@@ -171,6 +177,7 @@ def read_model(model_or_path, base_dir: str | None = None) -> OnnxModel:
     initializers = {
         t.name: tensor_to_array(t, folder, f"initializer {t.name!r}") for t in graph.initializer
     }
+    initializers.update(values or {})
     real_inputs = [vi for vi in graph.input if vi.name not in initializers]
     plain = set()
     for vi in real_inputs:

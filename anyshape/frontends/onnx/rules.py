@@ -17,11 +17,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...errors import UnsupportedError
-from . import elementwise, nn_ops, shape_ops
+from . import activations, attention, elementwise, index_ops, losses, nn_ops, resize, shape_ops
 from .context import RuleEntry
 
 RULE_TABLE: dict[str, list[RuleEntry]] = {}
-for _family in (elementwise, shape_ops, nn_ops):
+for _family in (
+    elementwise,
+    activations,
+    shape_ops,
+    index_ops,
+    resize,
+    nn_ops,
+    attention,
+    losses,
+):
     for _entry in _family.RULES:
         RULE_TABLE.setdefault(_entry.op_type, []).append(_entry)
 

@@ -87,10 +87,16 @@ def _constant_of_shape(ctx, node, ins):
 @rule("Range", first=11)
 def _range(ctx, node, ins):
     start, limit, delta = ins
-    if _all_const(ins):
-        s, lim, d = (v.const.reshape(()).item() for v in ins)
-        return [Value.of_const(np.arange(s, lim, d, dtype=start.const.dtype))]
     what = f"{node.describe()}: "
+    if _all_const(ins) or not start.dtype.is_int:  # a float range's length needs its values
+        s, lim, d = (
+            ctx.const_of(v, what + k).reshape(()).item()
+            for v, k in zip(ins, ("start", "limit", "delta"))
+        )
+        dtype = start.dtype.to_numpy()
+        if int(node.attr("stash_type", 0)) == 1 and start.dtype is DType.f16:
+            s, lim, d = (np.float32(v) for v in (s, lim, d))
+        return [Value.of_const(np.arange(s, lim, d).astype(dtype))]
     s = _known_scalar(ctx, start, what + "start")
     lim = _known_scalar(ctx, limit, what + "limit")
     d = _known_scalar(ctx, delta, what + "delta")
@@ -327,27 +333,55 @@ def _slice_value(ctx, x: Value, starts, ends, axes, steps, what: str) -> Value:
         if not isinstance(as_dim(a), int) or not isinstance(as_dim(k), int):
             raise UnsupportedError(f"{what}: symbolic axes or steps")
         a, k = norm_axis(int(a), x.rank, what), int(k)
-        if k <= 0:
-            raise UnsupportedError(f"{what}: step {k} (only positive steps are compiled)")
-        spec.append((a, _bound(s, x.shape[a]), _bound(e, x.shape[a]), k))
+        if k == 0:
+            raise UnsupportedError(f"{what}: step 0")
+        if k < 0:
+            spec.append((a, *_bounds_backward(s, e, x.shape[a]), k))
+        else:
+            spec.append((a, _bound(s, x.shape[a]), _bound(e, x.shape[a]), k))
     if (
         x.known is not None
         and x.rank == 1
         and all(isinstance(s, int) and isinstance(e, int) for _, s, e, _ in spec)
     ):
         ((_, s, e, k),) = spec
-        return Value.of_known(x.known[s:e:k], x.dtype)
+        return Value.of_known([x.known[i] for i in range(s, e, k)], x.dtype)
     if x.const is not None and all(
         isinstance(s, int) and isinstance(e, int) for _, s, e, _ in spec
     ):
-        index = [slice(None)] * x.rank
-        for a, s, e, k in spec:
-            index[a] = slice(s, e, k)
-        return Value.of_const(np.ascontiguousarray(x.const[tuple(index)]))
+        out = x.const
+        for a, s, e, k in spec:  # explicit indices: a backward end of -1 means "before 0"
+            out = np.take(out, np.arange(s, e, k, dtype=np.int64), axis=a)
+        return Value.of_const(np.ascontiguousarray(out))
     y = ctx.node(x)
     for a, s, e, k in spec:
-        y = slice_dim(ctx, y, a, s, e, k)
+        y = slice_dim(ctx, y, a, s, e, k) if k > 0 else _slice_backward(ctx, y, a, s, e, k)
     return Value.of_node(y)
+
+
+def _bounds_backward(start, end, size) -> tuple:
+    """A negative-step Slice's start and end: start in [0, size-1], end in [-1, size-1]."""
+    size = as_expr(size)
+
+    def clamp(b, low):
+        b = as_dim(b)
+        if isinstance(b, int) and b >= _BIG:
+            return size - 1
+        if isinstance(b, int) and b <= -_BIG:
+            return as_expr(low)
+        b = as_expr(b) + size if isinstance(b, int) and b < 0 else as_expr(b)
+        return sym_min(sym_max(b, as_expr(low)), size - 1)
+
+    return as_dim(clamp(start, 0)), as_dim(clamp(end, -1))
+
+
+def _slice_backward(ctx: LowerCtx, x, axis: int, start, end, step: int):
+    """``x[start:end:step]`` along ``axis`` for a negative step: a gather of computed indices."""
+    n = clamp_nonneg(floordiv(as_expr(start) - as_expr(end) + (-step - 1), -step))
+    idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
+    idx = ctx.op("mul", idx, ctx.full(step, (n,), DType.i64))
+    idx = ctx.op("add", idx, ctx.broadcast_to(ctx.scalar(start, DType.i64), (n,)))
+    return ctx.op("gather", x, idx, axis=axis)
 
 
 @rule("Gather", first=1)

@@ -1,0 +1,180 @@
+"""ONNX frontend: the ``onnx.backend`` interface, inputs compiled by value, backward slices,
+the composite reductions.
+
+(a) ``AnyshapeBackend`` as ONNX's backend API defines it (prepare once, run any shape,
+outputs as a namedtuple); (b) a graph input that sets a shape (Reshape's shape, Reduce's
+axes) compiles once per distinct value, warns, and checks the value's dtype and rank;
+(c) Slice with negative steps, every bound kind, sizes 0 and 1, against onnxruntime;
+(d) ReduceL1/L2/SumSquare/LogSum/LogSumExp over symbolic dims, rows of -inf and empty
+reductions, against onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import anyshape
+from anyshape.errors import InputError
+from anyshape.frontends.onnx.backend import AnyshapeBackend
+from anyshape.frontends.onnx.specialize import ValueSpecializedModule
+
+F32, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def make_model(nodes, inputs, outputs, initializers=(), opset=18):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 9
+    return model
+
+
+def vinfo(name, dims, elem=F32):
+    return helper.make_tensor_value_info(name, elem, dims)
+
+
+def ort_run(model, feeds):
+    return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+
+
+def compilations() -> int:
+    return anyshape.stats()["compilations"]
+
+
+# --- (a) the backend API ----------------------------------------------------------------
+
+
+def test_backend_prepares_once_and_runs_any_shape():
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["y"], ["z"])],
+        [vinfo("x", ["n", 3])],
+        [vinfo("y", ["n", 3]), vinfo("z", ["n", 3])],
+    )
+    assert AnyshapeBackend.supports_device("CPU") and not AnyshapeBackend.supports_device("CUDA")
+    before = compilations()
+    rep = AnyshapeBackend.prepare(model, "CPU")
+    for n in (1, 0, 7):
+        x = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
+        out = rep.run([x])
+        assert out._fields == ("y", "z")
+        np.testing.assert_array_equal(out.y, np.maximum(x, 0))
+        np.testing.assert_array_equal(out[1], -np.maximum(x, 0))
+        np.testing.assert_array_equal(rep.run({"x": x}).z, out.z)
+    assert compilations() - before == 1
+    with pytest.raises(ValueError, match="CPU"):
+        AnyshapeBackend.prepare(model, "CUDA")
+
+
+# --- (b) inputs that set shapes ------------------------------------------------------------
+
+
+def _reshape_by_input():
+    return make_model(
+        [helper.make_node("Reshape", ["x", "shape"], ["y"])],
+        [vinfo("x", ["a", "b"]), vinfo("shape", [2], I64)],
+        [vinfo("y", None)],
+    )
+
+
+def test_input_that_sets_a_shape_compiles_once_per_value():
+    model = _reshape_by_input()
+    before = compilations()
+    with pytest.warns(UserWarning, match="'shape' sets a shape"):
+        module = anyshape.onnx.compile(model)
+    assert isinstance(module, ValueSpecializedModule)
+    assert compilations() == before  # nothing compiled until a value is seen
+    rng = np.random.default_rng(0)
+    for a, b in ((2, 6), (4, 3), (1, 12), (3, 4)):  # one value of `shape`, four data shapes
+        x = rng.standard_normal((a, b)).astype(np.float32)
+        shape = np.array([-1, 2], np.int64)
+        (got,) = module(x, shape)
+        np.testing.assert_array_equal(got, ort_run(model, {"x": x, "shape": shape})[0])
+    assert module.compilations == 1 and compilations() - before == 1
+    x = rng.standard_normal((2, 6)).astype(np.float32)
+    (got,) = module(shape=np.array([3, 4], np.int64), x=x)  # by name, a second value
+    np.testing.assert_array_equal(got, x.reshape(3, 4))
+    assert module.compilations == 2 and compilations() - before == 2
+
+
+def test_value_input_is_checked_before_compiling():
+    with pytest.warns(UserWarning):
+        module = anyshape.onnx.compile(_reshape_by_input())
+    x = np.zeros((2, 6), np.float32)
+    with pytest.raises(InputError, match="'shape' has dtype i32, expected i64"):
+        module(x, np.array([3, 4], np.int32))
+    with pytest.raises(InputError, match="'shape' dim 0 is 3, expected 2"):
+        module(x, np.array([3, 4, 1], np.int64))
+    assert module.compilations == 0
+
+
+def test_axes_input_of_a_reduction_and_symbolic_data():
+    model = make_model(
+        [helper.make_node("ReduceSum", ["x", "axes"], ["y"], keepdims=0)],
+        [vinfo("x", ["a", "b", 3]), vinfo("axes", [1], I64)],
+        [vinfo("y", None)],
+    )
+    with pytest.warns(UserWarning):
+        module = anyshape.onnx.compile(model)
+    rng = np.random.default_rng(1)
+    for shape, axes in (((2, 5, 3), [1]), ((1, 1, 3), [1]), ((4, 2, 3), [-1]), ((3, 0, 3), [1])):
+        x = rng.standard_normal(shape).astype(np.float32)
+        feeds = {"x": x, "axes": np.array(axes, np.int64)}
+        np.testing.assert_allclose(module(**feeds)[0], ort_run(model, feeds)[0], rtol=1e-5)
+    assert module.compilations == 2  # axes [1] and [-1]
+
+
+# --- (c) backward slices ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "start,end,step",
+    [(-1, -(2**63), -1), (10, 0, -2), (3, -1, -1), (-2, -10, -3), (2**63 - 1, -(2**63), -1)],
+)
+def test_slice_with_negative_step(start, end, step):
+    consts = {"s": [start], "e": [end], "a": [0], "k": [step]}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in consts.items()]
+    model = make_model(
+        [helper.make_node("Slice", ["x", "s", "e", "a", "k"], ["y"])],
+        [vinfo("x", ["n", 3])],
+        [vinfo("y", None)],
+        inits,
+    )
+    before = compilations()
+    module = anyshape.onnx.compile(model)
+    for n in (0, 1, 5, 12):
+        x = np.arange(n * 3, dtype=np.float32).reshape(n, 3)
+        (got,) = module(x)
+        want = ort_run(model, {"x": x})[0]
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+    assert compilations() - before == 1
+
+
+# --- (d) composite reductions -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"]
+)
+def test_composite_reductions(op):
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    model = make_model(
+        [helper.make_node(op, ["x", "axes"], ["y"], keepdims=1)],
+        [vinfo("x", ["a", "b"])],
+        [vinfo("y", None)],
+        [axes],
+    )
+    before = compilations()
+    module = anyshape.onnx.compile(model)
+    rng = np.random.default_rng(2)
+    for shape in ((3, 5), (1, 1), (2, 0), (4, 40)):
+        x = rng.uniform(0.1, 2.0, shape).astype(np.float32)
+        if op == "ReduceLogSumExp" and shape[1]:
+            x[0, :] = -np.inf  # a row of -inf: -inf, not NaN
+            x[-1, 0] = 80.0  # exp overflows without the max shift
+        (got,) = module(x)
+        want = ort_run(model, {"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{op} {shape}")
+    assert compilations() - before == 1
