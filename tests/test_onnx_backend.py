@@ -178,3 +178,63 @@ def test_composite_reductions(op):
         want = ort_run(model, {"x": x})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"{op} {shape}")
     assert compilations() - before == 1
+
+
+# --- (e) integer edges and the unsigned types ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "elem,np_dtype", [(TensorProto.INT32, np.int32), (TensorProto.INT64, np.int64)]
+)
+def test_lowest_integer_divided_by_minus_one_does_not_trap(elem, np_dtype):
+    """x86 traps on INT_MIN / -1 (SIGFPE, the process dies); ONNX's Div wraps, Mod gives 0."""
+    model = make_model(
+        [
+            helper.make_node("Div", ["a", "b"], ["q"]),
+            helper.make_node("Mod", ["a", "b"], ["r"], fmod=1),
+        ],
+        [vinfo("a", ["n"], elem), vinfo("b", ["n"], elem)],
+        [vinfo("q", None, elem), vinfo("r", None, elem)],
+    )
+    lo = np.iinfo(np_dtype).min
+    a = np.array([lo, lo, 7, -7, lo], np_dtype)
+    b = np.array([-1, 1, -1, -1, 2], np_dtype)
+    q, r = anyshape.onnx.compile(model)(a, b)
+    np.testing.assert_array_equal(q, np.array([lo, lo, -7, 7, lo // 2], np_dtype))
+    np.testing.assert_array_equal(r, np.array([0, 0, 0, 0, 0], np_dtype))
+
+
+@pytest.mark.parametrize(
+    "elem,np_dtype",
+    [
+        (TensorProto.UINT16, np.uint16),
+        (TensorProto.UINT32, np.uint32),
+        (TensorProto.UINT64, np.uint64),
+    ],
+)
+def test_unsigned_types_keep_their_range(elem, np_dtype):
+    model = make_model(
+        [
+            helper.make_node("Add", ["a", "b"], ["s"]),
+            helper.make_node("Max", ["a", "b"], ["m"]),
+            helper.make_node("Cast", ["a"], ["f"], to=TensorProto.DOUBLE),
+            helper.make_node("Greater", ["a", "b"], ["g"]),
+        ],
+        [vinfo("a", ["n"], elem), vinfo("b", ["n"], elem)],
+        [
+            vinfo("s", None, elem),
+            vinfo("m", None, elem),
+            vinfo("f", None, TensorProto.DOUBLE),
+            vinfo("g", None, TensorProto.BOOL),
+        ],
+    )
+    module = anyshape.onnx.compile(model)
+    hi = np.iinfo(np_dtype).max
+    for a, b in (([hi, 1, 0], [1, 2, 0]), ([hi - 5], [hi]), ([], [])):
+        feeds = {"a": np.array(a, np_dtype), "b": np.array(b, np_dtype)}
+        got = module(**feeds)
+        x, y = feeds["a"], feeds["b"]
+        want = [x + y, np.maximum(x, y), x.astype(np.float64), x > y]  # wrapping add
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w)

@@ -69,8 +69,8 @@ def run_case(case, timeout: int = 120) -> dict:
     try:
         rep = AnyshapeBackend.prepare(case.model, "CPU")
         for inputs, refs in case.data_sets:
-            outs = rep.run(list(inputs))
-            _compare(list(refs), list(outs), case.rtol, case.atol, np)
+            outs = rep.run([_as_array(x) for x in inputs])
+            _compare([_as_array(r) for r in refs], list(outs), case.rtol, case.atol, np)
     except AnyshapeError as e:
         outcome = "unsupported" if type(e).__name__ == "UnsupportedError" else "error"
         reason = f"{type(e).__name__}: {e}"
@@ -89,6 +89,15 @@ def run_case(case, timeout: int = 120) -> dict:
         "reason": reason[:2000],
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def _as_array(value):
+    """A data set's tensor as NumPy (some are stored as TensorProto), as BackendTest does."""
+    import onnx
+
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    return value
 
 
 def _compare(refs, outs, rtol, atol, np) -> None:

@@ -25,6 +25,9 @@ class DType(enum.Enum):
     bf16 = "bf16"
     f32 = "f32"
     f64 = "f64"
+    u16 = "u16"  # the wider unsigned types come last: the order is the ABI's dtype code
+    u32 = "u32"
+    u64 = "u64"
 
     def __repr__(self) -> str:
         return self.value
@@ -70,7 +73,7 @@ class DType(enum.Enum):
 
 
 _FLOATS = {DType.f16, DType.bf16, DType.f32, DType.f64}
-_INTS = {DType.i8, DType.u8, DType.i16, DType.i32, DType.i64}
+_INTS = {DType.i8, DType.u8, DType.i16, DType.i32, DType.i64, DType.u16, DType.u32, DType.u64}
 _ITEMSIZE = {
     DType.b8: 1,
     DType.i8: 1,
@@ -82,6 +85,9 @@ _ITEMSIZE = {
     DType.bf16: 2,
     DType.f32: 4,
     DType.f64: 8,
+    DType.u16: 2,
+    DType.u32: 4,
+    DType.u64: 8,
 }
 _NUMPY = {
     DType.b8: "bool",
@@ -93,6 +99,9 @@ _NUMPY = {
     DType.f16: "float16",
     DType.f32: "float32",
     DType.f64: "float64",
+    DType.u16: "uint16",
+    DType.u32: "uint32",
+    DType.u64: "uint64",
 }
 
 DTYPE_NAMES = frozenset(d.value for d in DType)

@@ -62,7 +62,11 @@ _HOLDS_EXACTLY = {
     ),
     DType.u8: frozenset(
         {DType.i16, DType.i32, DType.i64, DType.f16, DType.bf16, DType.f32, DType.f64}
+        | {DType.u16, DType.u32, DType.u64}
     ),
+    DType.u16: frozenset({DType.i32, DType.i64, DType.u32, DType.u64, DType.f32, DType.f64}),
+    DType.u32: frozenset({DType.i64, DType.u64, DType.f64}),
+    DType.u64: frozenset(),
     DType.i16: frozenset({DType.i32, DType.i64, DType.f32, DType.f64}),
     DType.i32: frozenset({DType.i64, DType.f64}),
     DType.i64: frozenset(),

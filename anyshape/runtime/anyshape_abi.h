@@ -13,7 +13,7 @@
 /* The highest rank a tensor crossing the ABI may have. */
 #define ANYSHAPE_MAX_RANK 8
 
-/* Element types, as coded in anyshape_tensor.dtype (the manifest spells them b8 ... f64);
+/* Element types, as coded in anyshape_tensor.dtype (the manifest spells them b8 ... u64);
  * the order of anyshape.ir.dtypes.DType. */
 enum {
   ANYSHAPE_B8 = 0,
@@ -25,7 +25,10 @@ enum {
   ANYSHAPE_F16,
   ANYSHAPE_BF16,
   ANYSHAPE_F32,
-  ANYSHAPE_F64
+  ANYSHAPE_F64,
+  ANYSHAPE_U16,
+  ANYSHAPE_U32,
+  ANYSHAPE_U64
 };
 
 /* A dense C-contiguous tensor: inputs, weights and outputs of anyshape_main. */

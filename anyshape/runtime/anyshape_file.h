@@ -81,16 +81,17 @@ struct anyshape_model {
   anyshape__alloc_fn alloc_fn; /* the library's output allocator; NULL: its free is free() */
 };
 
-static const char* const anyshape__dtype_names[] = {"b8",  "i8",   "u8",  "i16", "i32",
-                                                    "i64", "f16", "bf16", "f32", "f64"};
-static const unsigned char anyshape__dtype_sizes[] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8};
+static const char* const anyshape__dtype_names[] = {"b8",  "i8",  "u8",  "i16", "i32",
+                                                    "i64", "f16", "bf16", "f32", "f64",
+                                                    "u16", "u32", "u64"};
+static const unsigned char anyshape__dtype_sizes[] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 2, 4, 8};
 
 size_t anyshape_dtype_size(int dtype) {
-  return dtype >= 0 && dtype <= ANYSHAPE_F64 ? anyshape__dtype_sizes[dtype] : 0;
+  return dtype >= 0 && dtype <= ANYSHAPE_U64 ? anyshape__dtype_sizes[dtype] : 0;
 }
 
 const char* anyshape_dtype_name(int dtype) {
-  return dtype >= 0 && dtype <= ANYSHAPE_F64 ? anyshape__dtype_names[dtype] : "unknown";
+  return dtype >= 0 && dtype <= ANYSHAPE_U64 ? anyshape__dtype_names[dtype] : "unknown";
 }
 
 /* Writes the message (if there is room for one) and returns code. */
@@ -215,7 +216,7 @@ static int anyshape__parse_uint(const char* s, uint64_t limit, uint64_t* out) {
 }
 
 static int anyshape__parse_dtype(const char* s) {
-  for (int k = 0; k <= ANYSHAPE_F64; ++k)
+  for (int k = 0; k <= ANYSHAPE_U64; ++k)
     if (strcmp(s, anyshape__dtype_names[k]) == 0) return k;
   return -1;
 }

@@ -214,7 +214,7 @@ static int anyshape__check_input(const anyshape__record* r, const anyshape_tenso
                                  size_t errlen) {
   char want[160];
   uint64_t numel = 1;
-  if (t->dtype != r->dtype && t->dtype >= 0 && t->dtype <= ANYSHAPE_F64)
+  if (t->dtype != r->dtype && t->dtype >= 0 && t->dtype <= ANYSHAPE_U64)
     return anyshape__fail(1, err, errlen, "input '%s' has dtype %s, expected %s", r->name,
                           anyshape__dtype_names[t->dtype], anyshape__dtype_names[r->dtype]);
   if (t->dtype != r->dtype)

@@ -22,6 +22,9 @@ C_TYPE = {
     DType.f16: "_Float16",
     DType.f32: "float",
     DType.f64: "double",
+    DType.u16: "uint16_t",
+    DType.u32: "uint32_t",
+    DType.u64: "uint64_t",
 }
 
 # The type arithmetic happens in (f16 computes in float, like torch's opmath).
@@ -56,6 +59,8 @@ def literal(value, dt: DType) -> str:
         return "true" if value else "false"
     if dt.is_int:
         v = int(value)
+        if dt is DType.u64:
+            return f"UINT64_C({v % 2**64})"
         if dt is DType.i64:
             return "(INT64_C(-9223372036854775807) - 1)" if v == -(2**63) else f"INT64_C({v})"
         return f"(({compute_type(dt)}){v})"

@@ -138,12 +138,18 @@ template <class A, class B> AS_INLINE auto as_pow(A a, B b) -> decltype(a + b) {
          if (e < 0) return a == 1 ? (R)1 : (a == -1 ? (R)((e & 1) ? -1 : 1) : (R)0);
          while (e) { if (e & 1) r *= base; base *= base; e >>= 1; } return r; }
 }
+/* A signed x / -1 is -x (wrapping under -fwrapv) and x % -1 is 0: the hardware's
+   division of the type's lowest value by -1 traps (SIGFPE), so -1 never reaches it. */
 template <class A, class B> AS_INLINE auto as_idiv(A a, B b, int* err) -> decltype(a + b) {
+  typedef decltype(a + b) R;
   if (b == 0) { *err = 2; return 0; }
+  if ((R)-1 < 0 && b == (B)-1) return (R)(0 - (R)a);
   return a / b;
 }
 template <class A, class B> AS_INLINE auto as_irem(A a, B b, int* err) -> decltype(a + b) {
+  typedef decltype(a + b) R;
   if (b == 0) { *err = 2; return 0; }
+  if ((R)-1 < 0 && b == (B)-1) return 0;
   return a % b;
 }
 AS_INLINE int64_t as_clamp(int64_t i, int64_t n) {

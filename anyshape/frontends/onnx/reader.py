@@ -29,12 +29,15 @@ _ONNX_DTYPES = {
     1: DType.f32,
     2: DType.u8,
     3: DType.i8,
+    4: DType.u16,
     5: DType.i16,
     6: DType.i32,
     7: DType.i64,
     9: DType.b8,
     10: DType.f16,
     11: DType.f64,
+    12: DType.u32,
+    13: DType.u64,
 }
 
 
