@@ -238,3 +238,23 @@ def test_unsigned_types_keep_their_range(elem, np_dtype):
         for g, w in zip(got, want):
             assert g.dtype == w.dtype
             np.testing.assert_array_equal(g, w)
+
+
+def test_strided_slice_read_through_a_reshape():
+    """A strided slice's index is a product: its operand must be parenthesized when it is
+    itself a sum (here the index a reshape adding a unit dim computes)."""
+    consts = {"s": [0], "e": [8], "a": [3], "k": [2], "u": [-1]}
+    inits = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in consts.items()]
+    model = make_model(
+        [
+            helper.make_node("Slice", ["x", "s", "e", "a", "k"], ["y"]),
+            helper.make_node("Unsqueeze", ["y", "u"], ["z"]),
+        ],
+        [vinfo("x", ["b", 4, 3, 8])],
+        [vinfo("z", None)],
+        inits,
+    )
+    module = anyshape.onnx.compile(model)
+    for b in (1, 2):
+        x = np.random.default_rng(b).standard_normal((b, 4, 3, 8)).astype(np.float32)
+        np.testing.assert_array_equal(module(x)[0], ort_run(model, {"x": x})[0])

@@ -1,8 +1,8 @@
-"""The standalone-mode commands of the ``anyshape`` CLI: compile, info, run.
+"""The standalone-mode commands of the ``anyshape`` CLI: compile, explain, info, run.
 
 Sits on top of standalone mode; ``anyshape.cli`` dispatches here. ``compile``
-needs torch (it reads a saved ExportedProgram); ``info`` and ``run`` need only
-NumPy.
+reads an ONNX model (needs ``onnx``) or a saved ExportedProgram (needs torch);
+``explain`` reports on an ONNX model; ``info`` and ``run`` need only NumPy.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from ..ir.symbolic import parse_expr
 def add_parsers(sub) -> None:
     comp = sub.add_parser(
         "compile",
-        help="compile a saved ExportedProgram (.pt2) into a standalone artifact",
-        description="Read a program saved with torch.export.save and compile every op of it "
-        "into one artifact that runs any shape its dynamic dims allow, without PyTorch.",
+        help="compile an ONNX model (.onnx) or a saved ExportedProgram (.pt2) into an artifact",
+        description="Read an ONNX model, or a program saved with torch.export.save, and "
+        "compile every op of it into one artifact that runs any shape its dynamic dims "
+        "allow, without PyTorch or ONNX Runtime.",
     )
-    comp.add_argument("model", help="a .pt2 file from torch.export.save")
+    comp.add_argument("model", help="a .onnx model, or a .pt2 file from torch.export.save")
     comp.add_argument("-o", "--output", required=True, help="the artifact file to write")
     comp.add_argument(
         "--target",
@@ -31,6 +32,11 @@ def add_parsers(sub) -> None:
         default="portable",
         help="portable: the widest ISA level this machine supports (default); native: this CPU",
     )
+    expl = sub.add_parser(
+        "explain",
+        help="what anyshape compiles of an ONNX model: ops, unsupported ops, kernels, guards",
+    )
+    expl.add_argument("model", help="a .onnx model")
     info = sub.add_parser("info", help="print an artifact's signature, target and constraints")
     info.add_argument("artifact")
     run = sub.add_parser(
@@ -59,7 +65,17 @@ def add_parsers(sub) -> None:
     run.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: all cores)")
 
 
+def _is_onnx(path: str) -> bool:
+    return path.lower().endswith(".onnx")
+
+
 def compile_cmd(args) -> int:
+    if _is_onnx(args.model):
+        from ..frontends.onnx.export import export
+
+        t0 = time.perf_counter()
+        artifact = export(args.model, target=args.target)
+        return _wrote(artifact, args.output, t0)
     import torch
 
     from .export import export_program
@@ -70,10 +86,27 @@ def compile_cmd(args) -> int:
         raise SystemExit(f"anyshape compile: cannot read {args.model}: {e}") from None
     t0 = time.perf_counter()
     artifact = export_program(program, target=args.target)
-    path = artifact.save(args.output)
+    return _wrote(artifact, args.output, t0)
+
+
+def _wrote(artifact, output: str, t0: float) -> int:
+    path = artifact.save(output)
     print(artifact.signature())
     print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def explain_cmd(args) -> int:
+    if not _is_onnx(args.model):
+        raise SystemExit(
+            f"anyshape explain: {args.model}: expected a .onnx model (for a PyTorch model, "
+            "print(anyshape.explain(model, example_inputs)) in Python)"
+        )
+    from ..frontends.onnx.explain import explain
+
+    report = explain(args.model)
+    print(report)
+    return 0 if report.compiles else 1
 
 
 def info_cmd(args) -> int:
@@ -183,4 +216,5 @@ def _assume_untied_dims(manifest, given, rec, env: dict[str, int], notes) -> Non
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    return {"compile": compile_cmd, "info": info_cmd, "run": run_cmd}[args.command](args)
+    commands = {"compile": compile_cmd, "explain": explain_cmd, "info": info_cmd, "run": run_cmd}
+    return commands[args.command](args)

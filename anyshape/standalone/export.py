@@ -155,20 +155,42 @@ def _build(captured, options: Options, target: str, model_name: str) -> Artifact
         outputs=flat_out,
         guards=captured.guards,
     )
+    names = _output_names(gm, len(flat_out))
+    return artifact_of_graph(lowered.graph, options, target, model_name, names)
+
+
+def artifact_of_graph(
+    graph: Graph,
+    options: Options,
+    target: str,
+    model_name: str,
+    output_names: list[str],
+    input_names: list[str] | None = None,
+) -> Artifact:
+    """A frontend's IR graph compiled for ``target`` into an artifact (any frontend's last step).
+
+    ``input_names``: the names the manifest gives the inputs (default: the graph's).
+    """
     if not backend_named(options.backend).builds_artifacts:
         options = dataclasses.replace(options, backend="cpu")  # (the interpreter runs in-process)
     try:
-        compiled = compile_graph(lowered.graph, options, target)
+        compiled = compile_graph(graph, options, _checked_target(target))
     except UnsupportedError as e:
         raise UnsupportedError(f"{model_name} cannot be exported: {e}") from e
+    if compiled.extra_symbols:
+        raise UnsupportedError(
+            f"{model_name} cannot be exported: it needs sizes no input dim carries "
+            f"({', '.join(compiled.extra_symbols)})"
+        )
     graph, binder, built = compiled.graph, compiled.binder, compiled.library
     bump("compilations")
-    names = _output_names(gm, len(flat_out))
+    names = output_names
+    in_names = input_names or [n.attr("name") for n in graph.inputs]
     manifest = Manifest(
         version=_version(),
         isa=built.isa,
         cpu_flags=list(built.cpu_flags),
-        inputs=[_record(n.attr("name"), n.dtype, n.shape) for n in graph.inputs],
+        inputs=[_record(name, n.dtype, n.shape) for name, n in zip(in_names, graph.inputs)],
         outputs=[
             _record(name, o.dtype, o.shape, _source(graph, o, slot, built.param_names))
             for name, o, slot in zip(names, graph.outputs, built.output_slots)

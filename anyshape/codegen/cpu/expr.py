@@ -279,7 +279,7 @@ class KernelScope:
     def _op_slice(self, n: Node, idx):
         src = []
         for i, (s, k) in enumerate(zip(n.attr("start"), n.attr("stride"))):
-            base = idx[i] if k == 1 else f"{idx[i]} * {k}"
+            base = idx[i] if k == 1 else f"({idx[i]}) * {k}"
             src.append(base if s == 0 else f"{self.dim(s)} + {base}")
         return self.value(n.inputs[0], tuple(src))
 

@@ -26,6 +26,24 @@ def compile(model_or_path, **options):
     return _compile(model_or_path, **options)
 
 
+def export(model_or_path, *, target: str = "portable", **options):
+    """Compile an ONNX model into a standalone artifact (``.save(path)``; C API, loader).
+
+    Inputs keep their ONNX names and symbolic dims; ``target`` is ``"portable"``
+    or ``"native"``.
+    """
+    from .export import export as _export
+
+    return _export(model_or_path, target=target, **options)
+
+
+def explain(model_or_path, **options):
+    """What anyshape compiles of an ONNX model: ops, unsupported op types, kernels, guards."""
+    from .explain import explain as _explain
+
+    return _explain(model_or_path, **options)
+
+
 def supported_ops() -> dict[str, list[tuple[int, int]]]:
     """Op type -> the opset ranges the ONNX frontend lowers."""
     from .rules import supported_ops as _supported
@@ -33,4 +51,4 @@ def supported_ops() -> dict[str, list[tuple[int, int]]]:
     return _supported()
 
 
-__all__ = ["compile", "supported_ops"]
+__all__ = ["compile", "explain", "export", "supported_ops"]
