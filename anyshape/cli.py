@@ -45,7 +45,17 @@ def parser() -> argparse.ArgumentParser:
         type=_names,
         help="comma-separated, or 'all' (default: all; with --quick a smaller selection)",
     )
-    bench.add_argument("--backends", type=_names, help="comma-separated (default: all)")
+    bench.add_argument(
+        "--backends",
+        type=_names,
+        help="comma-separated (default: all but the ONNX mode's openvino_onnx, anyshape_onnx)",
+    )
+    bench.add_argument(
+        "--onnx",
+        action="store_true",
+        help="ONNX mode: one exported .onnx file per model through onnxruntime, "
+        "openvino_onnx and anyshape_onnx (anyshape's ONNX frontend), beside eager",
+    )
     bench.add_argument(
         "--requests",
         type=int,
@@ -120,7 +130,12 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
     )
     if chosen_workloads == ["all"]:
         chosen_workloads = list(workloads.WORKLOADS)
-    chosen_backends = args.backends or known_backends
+    onnx_mode = ["onnxruntime", "openvino_onnx", "anyshape_onnx"]
+    if args.onnx and args.backends:
+        ap.error("--onnx picks the backends itself; give --backends or --onnx, not both")
+    chosen_backends = args.backends or (
+        onnx_mode if args.onnx else [b for b in known_backends if not b.endswith("_onnx")]
+    )
     _check(ap, "workloads", chosen_workloads, list(workloads.WORKLOADS))
     _check(ap, "backends", chosen_backends, known_backends)
     requests = args.requests or (QUICK_REQUESTS if args.quick else FULL_REQUESTS)

@@ -1,5 +1,9 @@
 """Compared backends: eager, two torch.compile modes, ONNX Runtime, OpenVINO and anyshape.
 
+The ONNX mode (``anyshape bench --onnx``) runs one exported file per model
+through ONNX Runtime, OpenVINO (``openvino_onnx``) and anyshape's ONNX frontend
+(``anyshape_onnx``), so the three read the same graph.
+
 Sits between ``workloads`` and ``runner``. ``prepare(model, example)`` does
 the ahead-of-time work (export or conversion, ``anyshape.optimize``; nothing
 for the lazy ones) and returns ``run(inputs) -> output``; ``compilations()`` reads the
@@ -9,7 +13,9 @@ when it does not compile), so the runner can count recompilations per call.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import shutil
 import sys
 import tempfile
 import warnings
@@ -58,33 +64,78 @@ def _inductor(dynamic: bool | None) -> Callable[[torch.nn.Module, dict], Run]:
     return prepare
 
 
-def _onnxruntime(model, example) -> Run:
-    """Export with every input dim dynamic (``Dim.AUTO``) and run on ORT's CPU provider."""
-    import onnxruntime as ort
+_ONNX_FILES: dict[int, Path] = {}  # id(model) -> its exported file, shared by the ONNX backends
 
+
+def exported_onnx(model, example) -> Path:
+    """``model`` exported once per process by ``torch.onnx.export`` (dynamo, every input dim
+    dynamic via ``Dim.AUTO``), the one file every ONNX-reading backend runs."""
+    path = _ONNX_FILES.get(id(model))
+    if path is not None:
+        return path
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     auto = torch.export.Dim.AUTO
     dynamic = {name: {i: auto for i in range(t.dim())} for name, t in example.items()}
     program = torch.onnx.export(
         model, (), kwargs=example, dynamic_shapes=dynamic, dynamo=True, verbose=False
     )
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.log_severity_level = 4  # failures are recorded in the results, not logged twice
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "model.onnx"
-        program.save(str(path))
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-    names = [i.name for i in session.get_inputs()]
+    folder = Path(tempfile.mkdtemp(prefix="anyshape-bench-onnx-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    path = folder / "model.onnx"
+    program.save(str(path))
+    _ONNX_FILES[id(model)] = path
+    return path
+
+
+def _feeds(names: list[str], example: dict) -> None:
     missing = set(names) - set(example)
     if missing:
         raise RuntimeError(f"exported ONNX graph wants inputs {sorted(missing)} not in the example")
+
+
+def _onnxruntime(model, example) -> Run:
+    """The exported file on ORT's CPU provider.
+
+    Its worker threads do not spin after a call (``session.intra_op.allow_spinning``
+    0): the runner interleaves backends per request, and spinning threads would
+    take the cores from the next backend's call.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.log_severity_level = 4  # failures are recorded in the results, not logged twice
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    path = exported_onnx(model, example)
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    _feeds(names, example)
 
     def run(inputs):
         feeds = {n: inputs[n].numpy() for n in names}
         return [torch.from_numpy(o) for o in session.run(None, feeds)]
 
     return run
+
+
+def _anyshape_onnx(model, example) -> Run:
+    """The exported file compiled by ``anyshape.onnx.compile`` (once; any shape)."""
+    import anyshape
+
+    module = anyshape.onnx.compile(exported_onnx(model, example))
+    _feeds(module.input_names, example)
+    names = list(module.input_names)
+
+    def run(inputs):
+        return module(*[inputs[n] for n in names])  # torch tensors in, torch tensors out
+
+    return run
+
+
+def _openvino_onnx(model, example) -> Run:
+    """The exported file read by OpenVINO (``read_model``), CPU, f32, latency hint."""
+    ov = import_openvino()
+    return _openvino_compiled(ov, ov.Core().read_model(str(exported_onnx(model, example))), example)
 
 
 def import_openvino():
@@ -119,9 +170,6 @@ def _openvino(model, example) -> Run:
     copied out, as ``CompiledModel.__call__`` would do.
     """
     ov = import_openvino()
-    import openvino.properties as props
-    import openvino.properties.hint as hints
-
     shapes = {n: ov.PartialShape([ov.Dimension()] * t.dim()) for n, t in example.items()}
     # Tracing warns about Python bools it folds (none depends on a dim that varies: the
     # outputs match eager at every shape) and about deprecations; the run does not need them.
@@ -129,6 +177,14 @@ def _openvino(model, example) -> Run:
         for category in (torch.jit.TracerWarning, FutureWarning, DeprecationWarning):
             warnings.simplefilter("ignore", category)
         converted = ov.convert_model(model, example_input=dict(example), input=shapes)
+    return _openvino_compiled(ov, converted, example)
+
+
+def _openvino_compiled(ov, converted, example) -> Run:
+    """A converted (or read) model compiled once for CPU in f32 with the latency hint."""
+    import openvino.properties as props
+    import openvino.properties.hint as hints
+
     config = {
         props.inference_num_threads: torch.get_num_threads(),
         hints.performance_mode: hints.PerformanceMode.LATENCY,
@@ -194,6 +250,18 @@ def backends(anyshape_backend: str = "cpu") -> dict[str, Backend]:
                 "anyshape",
                 f"anyshape.optimize(backend={anyshape_backend!r})",
                 _anyshape(anyshape_backend),
+                _anyshape_compilations,
+            ),
+            Backend(
+                "openvino_onnx",
+                "the ONNX Runtime backend's exported file, read by OpenVINO CPU, f32",
+                _openvino_onnx,
+                _no_compilations,
+            ),
+            Backend(
+                "anyshape_onnx",
+                "the ONNX Runtime backend's exported file, compiled by anyshape.onnx.compile",
+                _anyshape_onnx,
                 _anyshape_compilations,
             ),
         ]

@@ -14,6 +14,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from anyshape import cli
 
 
@@ -137,3 +139,33 @@ def test_compile_time_runs_cold_then_warm_and_checks_the_result(tmp_path, capsys
         assert line.startswith("bert: optimize + first call "), line
         assert float(line.split("max err ")[1].rstrip(")")) < 1e-4, line
     assert any((tmp_path / "cache").iterdir())
+
+
+def test_onnx_mode_runs_one_exported_file_through_three_backends(monkeypatch):
+    backends, _, runner, _ = cli._import_benchmarks()
+    exports = []
+    real_export = backends.torch.onnx.export
+
+    def counting(*args, **kwargs):
+        exports.append(args)
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(backends.torch.onnx, "export", counting)
+    chosen = ["eager", "onnxruntime", "openvino_onnx", "anyshape_onnx"]
+    settings = _quick(runner, "bert", chosen, 3, ranges={"text": [(1, 3), (8, 40)]})
+    section = runner.run(settings)["workloads"]["bert"]
+    by_name = {r["backend"]: r for r in section["results"]}
+    assert len(exports) == 1  # one file, read by all three
+    for name in chosen[1:]:
+        r = by_name[name]
+        assert r["error"] is None, (name, r["error"])
+        assert r["requests_done"] == 3
+        assert r["max_abs_err"] is not None and r["max_abs_err"] < 1e-4, (name, r["max_abs_err"])
+    assert by_name["anyshape_onnx"]["graphs_first_call"] == 1
+    assert by_name["anyshape_onnx"]["recompiles"] == 0
+
+
+def test_onnx_mode_flag_picks_the_onnx_backends(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--onnx", "--backends", "eager"])
+    assert "not both" in capsys.readouterr().err
