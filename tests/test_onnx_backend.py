@@ -258,3 +258,51 @@ def test_strided_slice_read_through_a_reshape():
     for b in (1, 2):
         x = np.random.default_rng(b).standard_normal((b, 4, 3, 8)).astype(np.float32)
         np.testing.assert_array_equal(module(x)[0], ort_run(model, {"x": x})[0])
+
+
+def test_if_with_a_condition_known_from_shapes_inlines_the_taken_branch():
+    rank_is_2 = [
+        helper.make_node("Shape", ["x"], ["shape"]),
+        helper.make_node("Shape", ["shape"], ["rank"]),
+        helper.make_node("Constant", [], ["two"], value=numpy_helper.from_array(np.array([2]))),
+        helper.make_node("Equal", ["rank", "two"], ["eq"]),
+        helper.make_node("Squeeze", ["eq"], ["cond"]),
+    ]
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"])], "then", [], [vinfo("t", None)]
+    )
+    else_g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["e"])], "else", [], [vinfo("e", None)]
+    )
+    model = make_model(
+        [
+            *rank_is_2,
+            helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+        ],
+        [vinfo("x", ["n", "m"])],
+        [vinfo("y", None)],
+    )
+    module = anyshape.onnx.compile(model)
+    for shape in ((3, 4), (1, 0)):
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        np.testing.assert_array_equal(module(x)[0], np.maximum(x, 0))
+    assert "Neg" not in str(anyshape.onnx.explain(model).ir_ops)  # one branch compiled
+
+
+def test_if_on_tensor_data_is_refused_with_the_reason():
+    then_g = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["t"])], "t", [], [vinfo("t", None)]
+    )
+    else_g = helper.make_graph([helper.make_node("Neg", ["x"], ["e"])], "e", [], [vinfo("e", None)])
+    model = make_model(
+        [
+            helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+            helper.make_node("Constant", [], ["z"], value=numpy_helper.from_array(np.float32(0))),
+            helper.make_node("Greater", ["s", "z"], ["cond"]),
+            helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g),
+        ],
+        [vinfo("x", ["n"])],
+        [vinfo("y", None)],
+    )
+    with pytest.raises(anyshape.errors.UnsupportedError, match="If.*condition must be known"):
+        anyshape.onnx.compile(model)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import UnsupportedError
 from ...ir.dtypes import DType
-from ...ir.symbolic import SymExpr, as_dim, as_expr, floordiv
+from ...ir.symbolic import SymExpr, as_dim, as_expr, floordiv, sym_max, sym_min
 from .context import LowerCtx, Value, rule_registry
 from .reader import ir_dtype
 
@@ -135,6 +135,8 @@ _KNOWN_BINARY = {
     "Sub": lambda a, b: a - b,
     "Mul": lambda a, b: a * b,
     "Div": _trunc_div,
+    "Max": lambda a, b: as_expr(sym_max(a, b)),
+    "Min": lambda a, b: as_expr(sym_min(a, b)),
 }
 
 
@@ -145,11 +147,21 @@ def _numpy_div(a, b):
     return (a / b).astype(a.dtype)
 
 
+def _need_input_beside_known(ctx: LowerCtx, a: Value, b: Value, what: str) -> None:
+    """Shape arithmetic with a graph input (``Max(Shape(x), target)``): its value is a
+    shape too, so ask for it (``NeedsInputValue``) rather than compute with shapes."""
+    for known, other in ((a, b), (b, a)):
+        if known.known is not None and other.input_name is not None and other.rank <= 1:
+            if other.dtype.is_int:
+                ctx.known_of(other, what)
+
+
 def binary(ctx: LowerCtx, op_type: str, a: Value, b: Value, what: str) -> Value:
     """``a <op> b`` with NumPy broadcasting, folded when both are known."""
     fn = _numpy_div if op_type == "Div" else _NUMPY_BINARY.get(op_type)
     folded = _fold_const(lambda x, y: fn(x, y), [a, b]) if fn is not None else None
     if folded is None and op_type in _KNOWN_BINARY:
+        _need_input_beside_known(ctx, a, b, what)
         folded = _fold_known(_KNOWN_BINARY[op_type], [a, b], a.dtype)
     if folded is None and op_type == "Equal":
         folded = _fold_known(_decide_eq, [a, b], DType.b8)

@@ -22,7 +22,7 @@ from ...ir.graph import Graph, GraphBuilder
 from ...ir.ops import IRTypeError
 from ...ir.symbolic import as_dim
 from .context import LowerCtx, NeedsInputValue, OnnxNodeView, Value
-from .reader import OnnxModel
+from .reader import OnnxModel, tensor_to_array
 from .rules import rule_for
 
 
@@ -60,8 +60,22 @@ def _needed_nodes(graph, outputs: list[str]) -> set[int]:
         if i in needed:
             continue
         needed.add(i)
-        stack.extend(producer[x] for x in graph.node[i].input if x in producer)
+        reads = list(graph.node[i].input) + sorted(_outer_reads(graph.node[i]))
+        stack.extend(producer[x] for x in reads if x in producer)
     return needed
+
+
+def _outer_reads(node) -> set[str]:
+    """Names a node's subgraphs (If's branches) read from the scope around them."""
+    reads: set[str] = set()
+    for a in node.attribute:
+        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+            made = {i.name for i in g.input} | {t.name for t in g.initializer}
+            for n in g.node:
+                reads |= {x for x in list(n.input) + sorted(_outer_reads(n)) if x and x not in made}
+                made |= set(n.output)
+            reads |= {o.name for o in g.output if o.name not in made}
+    return reads
 
 
 def lower_model(model: OnnxModel) -> LoweredOnnx:
@@ -99,6 +113,9 @@ def lower_model(model: OnnxModel) -> LoweredOnnx:
 def _lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
     opset = model.opset
     node = OnnxNodeView(proto, opset)
+    if proto.op_type == "If" and proto.domain in ("", "ai.onnx"):
+        _lower_if(ctx, node, model, env)
+        return
     fn = rule_for(proto.op_type, opset, node.name, proto.domain)
     ins: list[Value | None] = []
     for x in proto.input:
@@ -137,6 +154,31 @@ def _lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
     for name in list(proto.output)[len(outs) :]:
         if name:
             env[name] = None
+
+
+def _lower_if(ctx: LowerCtx, node: OnnxNodeView, model: OnnxModel, env: dict) -> None:
+    """``If`` with a condition known at compile time (a constant, or a fact about shapes):
+    the taken branch's nodes are lowered in place. A condition that depends on tensor
+    data would need both branches compiled and a choice per call: refused."""
+    what = node.describe()
+    cond = env.get(node.proto.input[0])
+    if cond is None:
+        raise UnsupportedError(f"{what}: its condition is not computed by any lowered node")
+    if cond.const is not None and cond.const.size == 1:
+        flag = bool(cond.const.reshape(-1)[0])
+    else:
+        known = LowerCtx.known_of(cond, f"{what}: the condition")
+        if len(known) != 1 or not isinstance(as_dim(known[0]), int):
+            raise UnsupportedError(f"{what}: the condition depends on symbolic sizes ({known})")
+        flag = bool(as_dim(known[0]))
+    branch = node.attr("then_branch" if flag else "else_branch")
+    for t in branch.initializer:
+        env[t.name] = Value.of_const(tensor_to_array(t, "", f"initializer {t.name!r}"))
+    for inner in branch.node:
+        _lower_node(ctx, inner, model, env)
+    for name, out in zip(node.outputs, branch.output):
+        if name:
+            env[name] = env.get(out.name)
 
 
 def _check_inferred(node: OnnxNodeView, name: str, v: Value, model: OnnxModel) -> None:
