@@ -207,6 +207,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=int, default=180, help="seconds per test")
     ap.add_argument("--json", help="write every test's outcome here")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 where the outcome differs from tests/onnx_node_expected.py",
+    )
     args = ap.parse_args(argv)
     cases = load_cases(args.only)
     t0 = time.perf_counter()
@@ -216,7 +221,24 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(sorted(results.items())), f, indent=1)
-    return 0
+    return check(results) if args.check else 0
+
+
+def check(results: dict[str, dict]) -> int:
+    """Compare with the table of expected failures; print and count the differences."""
+    sys.path.insert(0, os.path.join(os.path.dirname(_HERE), "tests"))
+    from onnx_node_expected import EXPECTED_FAILURES
+
+    expected = {n: reason for reason, names in EXPECTED_FAILURES.items() for n in names}
+    wrong = []
+    for name, rec in sorted(results.items()):
+        want = expected.get(name)
+        if want is None and rec["outcome"] != "pass":
+            wrong.append(f"{name}: {rec['outcome']} (expected to pass): {rec['reason'][:200]}")
+        elif want is not None and rec["outcome"] == "pass":
+            wrong.append(f"{name}: passes (listed as {want!r})")
+    print("\n".join(wrong) or "outcomes as tests/onnx_node_expected.py expects")
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
