@@ -508,14 +508,6 @@ EXPECTED_FAILURES: dict[str, list[str]] = {
         "test_bitcast_uint16_to_int16",
         "test_bitcast_uint32_to_int32",
     ],
-    "not yet: Einsum": [
-        "test_einsum_batch_diagonal",
-        "test_einsum_batch_matmul",
-        "test_einsum_inner_prod",
-        "test_einsum_scalar",
-        "test_einsum_sum",
-        "test_einsum_transpose",
-    ],
     "AffineGrid's function body builds its output shape from data (AffineGrid itself is supported)": [
         "test_affine_grid_2d_align_corners_expanded",
         "test_affine_grid_2d_expanded",

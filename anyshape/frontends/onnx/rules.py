@@ -17,7 +17,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ...errors import UnsupportedError
-from . import activations, attention, elementwise, index_ops, losses, nn_ops, resize, shape_ops
+from . import (
+    activations,
+    attention,
+    einsum,
+    elementwise,
+    index_ops,
+    losses,
+    nn_ops,
+    resize,
+    shape_ops,
+)
 from .context import RuleEntry
 
 RULE_TABLE: dict[str, list[RuleEntry]] = {}
@@ -28,6 +38,7 @@ for _family in (
     index_ops,
     resize,
     nn_ops,
+    einsum,
     attention,
     losses,
 ):
