@@ -19,6 +19,7 @@ import shutil
 import sys
 import tempfile
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,13 +65,14 @@ def _inductor(dynamic: bool | None) -> Callable[[torch.nn.Module, dict], Run]:
     return prepare
 
 
-_ONNX_FILES: dict[int, Path] = {}  # id(model) -> its exported file, shared by the ONNX backends
+# model -> its exported file, shared by the ONNX backends (weak: an id could be reused)
+_ONNX_FILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def exported_onnx(model, example) -> Path:
     """``model`` exported once per process by ``torch.onnx.export`` (dynamo, every input dim
     dynamic via ``Dim.AUTO``), the one file every ONNX-reading backend runs."""
-    path = _ONNX_FILES.get(id(model))
+    path = _ONNX_FILES.get(model)
     if path is not None:
         return path
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -83,7 +85,7 @@ def exported_onnx(model, example) -> Path:
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
     path = folder / "model.onnx"
     program.save(str(path))
-    _ONNX_FILES[id(model)] = path
+    _ONNX_FILES[model] = path
     return path
 
 
