@@ -483,19 +483,6 @@ EXPECTED_FAILURES: dict[str, list[str]] = {
         "test_causal_conv_with_state_with_bias_and_past_state",
         "test_causal_conv_with_state_with_past_state",
     ],
-    "not yet: ConvTranspose": [
-        "test_convtranspose",
-        "test_convtranspose_1d",
-        "test_convtranspose_3d",
-        "test_convtranspose_autopad_same",
-        "test_convtranspose_dilations",
-        "test_convtranspose_group_2",
-        "test_convtranspose_group_2_image_3",
-        "test_convtranspose_kernel_shape",
-        "test_convtranspose_output_shape",
-        "test_convtranspose_pad",
-        "test_convtranspose_pads",
-    ],
     "not yet: BitCast": [
         "test_bitcast_2d_float32_to_int32",
         "test_bitcast_bool_to_uint8",
@@ -520,11 +507,6 @@ EXPECTED_FAILURES: dict[str, list[str]] = {
         "test_deform_conv_with_mask_bias",
         "test_deform_conv_with_multiple_offset_groups",
     ],
-    "not yet: AveragePool ceil_mode with a partial window (average)": [
-        "test_averagepool_2d_ceil",
-        "test_averagepool_3d_dilations_large_count_include_pad_is_0_ceil_mode_is_True",
-        "test_averagepool_3d_dilations_large_count_include_pad_is_1_ceil_mode_is_True",
-    ],
     "not yet: RoiAlign": [
         "test_roialign_aligned_false",
         "test_roialign_aligned_true",
@@ -534,10 +516,6 @@ EXPECTED_FAILURES: dict[str, list[str]] = {
         "test_tensorscatter",
         "test_tensorscatter_3d",
         "test_tensorscatter_circular",
-    ],
-    "not yet: AveragePool asymmetric padding with count_include_pad=0": [
-        "test_averagepool_2d_same_lower",
-        "test_averagepool_2d_same_upper",
     ],
     "not yet: Det": [
         "test_det_2d",

@@ -19,8 +19,17 @@ def compile(model_or_path, **options):
     Returns an ``OnnxModule``: call it with the graph's inputs positionally or by
     name (NumPy arrays, or torch tensors for torch tensors back); it returns the
     outputs as a list. Keyword options are ``anyshape.config.Options`` fields,
-    plus ``base_dir`` (where external weight files are, for a ``ModelProto``).
+    plus ``base_dir`` (where external weight files are, for a ``ModelProto``) and
+    ``fallback="onnxruntime"`` (opt-in: nodes anyshape cannot compile run in ONNX
+    Runtime between compiled parts; ``module.explain()`` lists them with reasons).
     """
+    fallback = options.pop("fallback", None)
+    if fallback is not None:
+        if fallback != "onnxruntime":
+            raise ValueError(f"fallback={fallback!r}: the one fallback is 'onnxruntime'")
+        from .fallback import compile_with_fallback
+
+        return compile_with_fallback(model_or_path, **options)
     from .compile import compile as _compile
 
     return _compile(model_or_path, **options)

@@ -46,7 +46,7 @@ def ir_name(text: str, taken: set[str], prefix: str = "") -> str:
     return name
 
 
-def _needed_nodes(graph, outputs: list[str]) -> set[int]:
+def needed_nodes(graph, outputs: list[str]) -> set[int]:
     """Indices of the nodes the outputs depend on."""
     producer = {}
     for i, n in enumerate(graph.node):
@@ -60,19 +60,19 @@ def _needed_nodes(graph, outputs: list[str]) -> set[int]:
         if i in needed:
             continue
         needed.add(i)
-        reads = list(graph.node[i].input) + sorted(_outer_reads(graph.node[i]))
+        reads = list(graph.node[i].input) + sorted(outer_reads(graph.node[i]))
         stack.extend(producer[x] for x in reads if x in producer)
     return needed
 
 
-def _outer_reads(node) -> set[str]:
+def outer_reads(node) -> set[str]:
     """Names a node's subgraphs (If's branches) read from the scope around them."""
     reads: set[str] = set()
     for a in node.attribute:
         for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
             made = {i.name for i in g.input} | {t.name for t in g.initializer}
             for n in g.node:
-                reads |= {x for x in list(n.input) + sorted(_outer_reads(n)) if x and x not in made}
+                reads |= {x for x in list(n.input) + sorted(outer_reads(n)) if x and x not in made}
                 made |= set(n.output)
             reads |= {o.name for o in g.output if o.name not in made}
     return reads
@@ -96,11 +96,11 @@ def lower_model(model: OnnxModel) -> LoweredOnnx:
         v = Value.of_const(array)
         v.param_name = ir_name(name, weights)
         env[name] = v
-    needed = _needed_nodes(graph, model.output_names)
+    needed = needed_nodes(graph, model.output_names)
     for i, proto in enumerate(graph.node):
         if i not in needed:
             continue
-        _lower_node(ctx, proto, model, env)
+        lower_node(ctx, proto, model, env)
     outputs = []
     for name in model.output_names:
         v = env.get(name)
@@ -110,7 +110,7 @@ def lower_model(model: OnnxModel) -> LoweredOnnx:
     return LoweredOnnx(builder.build(outputs), [n for n, _ in model.inputs], model.output_names)
 
 
-def _lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
+def lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
     opset = model.opset
     node = OnnxNodeView(proto, opset)
     if proto.op_type == "If" and proto.domain in ("", "ai.onnx"):
@@ -175,7 +175,7 @@ def _lower_if(ctx: LowerCtx, node: OnnxNodeView, model: OnnxModel, env: dict) ->
     for t in branch.initializer:
         env[t.name] = Value.of_const(tensor_to_array(t, "", f"initializer {t.name!r}"))
     for inner in branch.node:
-        _lower_node(ctx, inner, model, env)
+        lower_node(ctx, inner, model, env)
     for name, out in zip(node.outputs, branch.output):
         if name:
             env[name] = env.get(out.name)

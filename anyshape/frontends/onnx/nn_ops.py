@@ -12,8 +12,11 @@ IR patterns are the torch frontend's (``frontends/torch/aten/linalg.py``,
   BatchNormalization (inference) compute in f32 for f16 inputs.
 - ``Conv``/``MaxPool``/``AveragePool`` map to ``convolution``/``pool`` with
   symmetric padding; asymmetric or ``SAME_*`` padding becomes an explicit
-  ``pad`` first. ``ceil_mode`` is compiled where it gives the floor-mode size
-  (stride 1, or static sizes with no partial window).
+  ``pad`` first. ``ceil_mode`` pads the high end further (symbolic sizes
+  included: ``_ceil_extra``). An average whose count the IR's ``pool`` cannot
+  give (``count_include_pad=0`` with asymmetric padding, or a ceil-mode partial
+  window, whose overhang ONNX never counts) is a pool of the zero-padded input
+  over a pool of a padded ``[1, *spatial]`` mask of the elements that count.
 """
 
 from __future__ import annotations
@@ -328,6 +331,8 @@ def _padding(node, sizes, k, s, d, what: str) -> tuple[list[int], list[int]]:
 
 
 def _pad_explicit(ctx: LowerCtx, x: Node, low, high, value) -> Node:
+    if not any(low) and not any(high):
+        return x
     lead = (0,) * (x.rank - len(low))
     fill = ctx.const(value, x.dtype)
     return ctx.op("pad", x, fill, low=lead + tuple(low), high=lead + tuple(high))
@@ -370,6 +375,30 @@ def _pool_size(size, k, s, d, lo, hi, ceil: bool):
     return out
 
 
+def _ceil_extra(size, k: int, s: int, d: int, lo: int, hi: int):
+    """The high padding ``ceil_mode`` adds (negative: crops) for a floor-mode window op.
+
+    ONNX's ceil-mode size is ``ceil((size + lo + hi - span) / s) + 1``, less one when that
+    last window would start at or past ``size + lo`` (in the high padding). Exact for a
+    static size; for a symbolic one an amount that gives the floor-mode op that size for
+    every size: ``s - 1`` when no window can start in the high padding (``hi <= span - s``),
+    else the padding that makes ``size + lo - 1`` the last start (``hi < span``), else one
+    window less. The extra elements are padding no window reads or counts.
+    """
+    span = d * (k - 1) + 1
+    size = as_dim(size)
+    if isinstance(size, int):
+        want = -(-(size + lo + hi - span) // s) + 1
+        if (want - 1) * s >= size + lo:
+            want -= 1
+        if want == (size + lo + hi - span) // s + 1:
+            return 0
+        return (want - 1) * s + span - (size + lo + hi)
+    if hi <= span - s:  # no window can start in the high padding
+        return s - 1
+    return span - 1 - hi if hi < span else -1  # windows start before size + lo (or one less)
+
+
 @rule("MaxPool", "AveragePool", first=1)
 def _pool(ctx, node, ins):
     x = ctx.node(ins[0])
@@ -380,25 +409,49 @@ def _pool(ctx, node, ins):
     d = _ints(node.attr("dilations"), n, 1)
     sizes = x.shape[x.rank - n :]
     low, high = _padding(node, sizes, k, s, d, what)
-    is_max = node.op_type == "MaxPool"
-    include_pad = bool(int(node.attr("count_include_pad", 0)))
+    extra = [0] * n  # the ceil mode's padding after `high`: never counted by an average
     if int(node.attr("ceil_mode", 0)):
-        for i, size in enumerate(sizes):
-            want = _pool_size(size, k[i], s[i], d[i], low[i], high[i], True)
-            if want is None:
-                raise UnsupportedError(f"{what}: ceil_mode with stride > 1 on a symbolic size")
-            floor_out = (as_dim(size) + low[i] + high[i] - d[i] * (k[i] - 1) - 1) // s[i] + 1
-            if s[i] != 1 and want != floor_out:
-                if not is_max:
-                    raise UnsupportedError(f"{what}: ceil_mode with a partial window (average)")
-                high[i] += (want - floor_out) * s[i]
-    if low != high:
-        if not is_max and not include_pad:
-            raise UnsupportedError(f"{what}: asymmetric padding with count_include_pad=0")
-        lowest = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.to_numpy()).min)
-        x = _pad_explicit(ctx, x, low, high, lowest if is_max else 0)
-        low = [0] * n
-    attrs = {"kernel": k, "stride": s, "padding": tuple(low), "dilation": d}
-    kind = "max" if is_max else "avg"
-    y = ctx.op("pool", x, kind=kind, count_include_pad=include_pad, **attrs)
-    return [Value.of_node(y), None]
+        extra = [_ceil_extra(sizes[i], k[i], s[i], d[i], low[i], high[i]) for i in range(n)]
+    attrs = {"kernel": k, "stride": s, "dilation": d}
+    if node.op_type == "MaxPool":
+        high = [h + e for h, e in zip(high, extra)]
+        if low != high:
+            lowest = -math.inf if x.dtype.is_float else int(np.iinfo(x.dtype.to_numpy()).min)
+            x = _pad_explicit(ctx, x, low, high, lowest)
+            low = [0] * n
+        y = ctx.op("pool", x, kind="max", count_include_pad=False, padding=tuple(low), **attrs)
+        return [Value.of_node(y), None]
+    include_pad = bool(int(node.attr("count_include_pad", 0)))
+    if not any(extra) and (low == high or include_pad):  # the IR's pool counts as ONNX does
+        if low != high:
+            x = _pad_explicit(ctx, x, low, high, 0)
+            low = [0] * n
+        y = ctx.op(
+            "pool", x, kind="avg", count_include_pad=include_pad, padding=tuple(low), **attrs
+        )
+        return [Value.of_node(y), None]
+    return [Value.of_node(_avg_counted(ctx, x, low, high, extra, include_pad, attrs)), None]
+
+
+def _avg_counted(ctx: LowerCtx, x: Node, low, high, extra, include_pad: bool, attrs) -> Node:
+    """An average pool as window sums over a count of the elements that count: the input's,
+    plus the explicit padding's when ``include_pad`` (never the ceil mode's ``extra``).
+    Both are average pools of zero-padded tensors (the kernel size cancels); the count is
+    pooled from a ``[1, *spatial]`` mask.
+    """
+    n = len(low)
+    acc = acc_dtype(x.dtype)
+    full_high = [h + e for h, e in zip(high, extra)]
+    windows = {"padding": (0,) * n, "count_include_pad": True, **attrs}
+    xs = _pad_explicit(ctx, ctx.cast(x, acc), low, full_high, 0)
+    total = ctx.op("pool", xs, kind="avg", **windows)
+    mask = ctx.full(1, (1, *x.shape[x.rank - n :]), acc)
+    if include_pad:
+        mask = _pad_explicit(ctx, _pad_explicit(ctx, mask, low, high, 1), [0] * n, extra, 0)
+    else:
+        mask = _pad_explicit(ctx, mask, low, full_high, 0)
+    count = ctx.op("pool", mask, kind="avg", **windows)
+    # a window of padding only: 0 (as onnxruntime and the IR's pool give), not 0 / 0
+    count = ctx.op("max", count, ctx.full(1 / math.prod(attrs["kernel"]), count.shape, acc))
+    y = ctx.op("div", total, ctx.broadcast_to(count, total.shape))
+    return ctx.cast(y, x.dtype)

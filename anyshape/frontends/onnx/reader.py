@@ -25,7 +25,7 @@ from ...ir.types import TensorType
 from .dims import DimNamer, is_plain_name
 
 # TensorProto.DataType -> IR dtype (the element types the IR has).
-_ONNX_DTYPES = {
+ONNX_DTYPES = {
     1: DType.f32,
     2: DType.u8,
     3: DType.i8,
@@ -43,7 +43,7 @@ _ONNX_DTYPES = {
 
 def ir_dtype(elem_type: int, what: str) -> DType:
     """The IR dtype of an ONNX element type, or ``UnsupportedError`` naming ``what``."""
-    dt = _ONNX_DTYPES.get(int(elem_type))
+    dt = ONNX_DTYPES.get(int(elem_type))
     if dt is None:
         import onnx
 
@@ -54,7 +54,7 @@ def ir_dtype(elem_type: int, what: str) -> DType:
 
 def onnx_dtype(dtype: DType) -> int:
     """The ONNX element type of an IR dtype."""
-    for k, v in _ONNX_DTYPES.items():
+    for k, v in ONNX_DTYPES.items():
         if v is dtype:
             return k
     raise UnsupportedError(f"dtype {dtype} has no ONNX element type here")
@@ -143,7 +143,7 @@ def _inferred_types(graph) -> dict[str, tuple[DType | None, tuple | None]]:
         t = vi.type
         if t.WhichOneof("value") != "tensor_type":
             continue
-        dt = _ONNX_DTYPES.get(int(t.tensor_type.elem_type))
+        dt = ONNX_DTYPES.get(int(t.tensor_type.elem_type))
         dims = _dims_of(vi)
         shape = None
         if dims is not None:

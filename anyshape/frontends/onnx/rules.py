@@ -20,6 +20,7 @@ from ...errors import UnsupportedError
 from . import (
     activations,
     attention,
+    conv_transpose,
     einsum,
     elementwise,
     index_ops,
@@ -38,6 +39,7 @@ for _family in (
     index_ops,
     resize,
     nn_ops,
+    conv_transpose,
     einsum,
     attention,
     losses,
