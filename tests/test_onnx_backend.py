@@ -306,3 +306,32 @@ def test_if_on_tensor_data_is_refused_with_the_reason():
     )
     with pytest.raises(anyshape.errors.UnsupportedError, match="If.*condition must be known"):
         anyshape.onnx.compile(model)
+
+
+def test_weights_are_packed_once_not_per_call(monkeypatch):
+    """An ONNX module's weights never change: it lets the library keep packed copies
+    (oneDNN), as plugin mode does; unwatched weights are packed again on every call."""
+    from anyshape.codegen.cpu.executable import CpuExecutable
+
+    watched = []
+    real = CpuExecutable.watch_weights
+    monkeypatch.setattr(
+        CpuExecutable, "watch_weights", lambda self: (watched.append(self), real(self))
+    )
+    w = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32), "w"
+    )
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [vinfo("x", ["n", 32])],
+        [vinfo("y", None)],
+        [w],
+    )
+    module = anyshape.onnx.compile(model)
+    if not module.compiled.executable.packed_params:
+        pytest.fail(
+            "expected the weight on oneDNN's packed matmul route (onednn-cpu-gomp installed)"
+        )
+    assert watched == [module.compiled.executable]
+    x = np.ones((3, 32), np.float32)
+    np.testing.assert_allclose(module(x)[0], x @ numpy_helper.to_array(w), rtol=1e-5)

@@ -14,6 +14,7 @@ a list in graph-output order.
 from __future__ import annotations
 
 import sys
+import weakref
 
 import numpy as np
 
@@ -48,6 +49,7 @@ class OnnxModule:
         self.binder = ShapeBinder(specs, self.graph.constraints, what="ONNX model")
         self._dtypes = [n.dtype for n in self.graph.inputs]
         self._np_dtypes = [d.to_numpy() for d in self._dtypes]
+        self._watch_weights()
         self._outputs = []  # per output: ("slot", k) / ("input", i) / ("param", name)
         for k, node in enumerate(self.graph.outputs):
             if node.op == "input":
@@ -56,6 +58,14 @@ class OnnxModule:
                 self._outputs.append(("param", node.attr("name")))
             else:
                 self._outputs.append(("slot", k))
+
+    def _watch_weights(self) -> None:
+        """The weights are this module's own arrays and never change: the library may pack
+        them once (oneDNN convolutions and matmuls) instead of on every call."""
+        ex = self.compiled.executable
+        if getattr(ex, "packed_params", None):
+            ex.watch_weights()
+            weakref.finalize(self, ex.unwatch_weights)
 
     @property
     def signature(self) -> str:

@@ -142,6 +142,12 @@ def lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
         ) from None
     except IRTypeError as e:
         raise UnsupportedError(f"{node.describe()}: {e}") from None
+    except ValueError as e:
+        if "can never hold" not in str(e):  # the constraint store: static sizes disagree
+            raise UnsupportedError(
+                f"{node.describe()}: {type(e).__name__}: {e} (an anyshape bug)"
+            ) from e
+        raise UnsupportedError(f"{node.describe()}: the model's sizes disagree: {e}") from None
     except Exception as e:  # a rule bug: name the node instead of a bare traceback
         raise UnsupportedError(
             f"{node.describe()}: {type(e).__name__}: {e} (an anyshape bug)"
