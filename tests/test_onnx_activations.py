@@ -10,10 +10,10 @@ shapes it ran needed exactly one compilation.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
+from onnx_helpers import make_model, ort_outputs, vinfo
 
 import anyshape
 from anyshape.errors import InputError, UnsupportedError
@@ -32,21 +32,6 @@ U8 = TensorProto.UINT8
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def make_model(nodes, inputs, outputs, initializers=(), opset=20):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
-
-
-def vinfo(name, dims, elem=F32):
-    return helper.make_tensor_value_info(name, elem, dims)
-
-
-def ort_outputs(model, feeds):
-    return ort.InferenceSession(model.SerializeToString()).run(None, feeds)
 
 
 def reference_outputs(model, feeds):

@@ -10,10 +10,13 @@ ArgMax / ArgMin, TopK, and the value-dependent ops (folded or refused).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
-import onnxruntime as ort
+import onnx_helpers
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_helpers import init, make_model, vinfo
 
 import anyshape
 from anyshape.errors import UnsupportedError
@@ -24,36 +27,7 @@ I32 = TensorProto.INT32
 node = helper.make_node
 
 
-def make_model(nodes, inputs, outputs, initializers=(), opset=20):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
-
-
-def vinfo(name, dims, elem=F32):
-    return helper.make_tensor_value_info(name, elem, dims)
-
-
-def init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
-
-
-def run_against_ort(model, cases, rtol=1e-5, atol=1e-6):
-    """Compile ``model`` once, run every feed dict in ``cases``, compare with onnxruntime."""
-    before = anyshape.stats()["compilations"]
-    module = anyshape.onnx.compile(model)
-    sess = ort.InferenceSession(model.SerializeToString())
-    for feeds in cases:
-        got = module(**feeds)
-        want = sess.run(None, feeds)
-        assert len(got) == len(want)
-        for name, g, w in zip(module.output_names, got, want):
-            assert g.shape == w.shape, (name, g.shape, w.shape)
-            assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=name)
-    assert anyshape.stats()["compilations"] - before == 1
-    return module
+run_against_ort = functools.partial(onnx_helpers.run_against_ort, atol=1e-06, rtol=1e-05)
 
 
 def rand(rng, *shape):

@@ -10,10 +10,14 @@ unknown reduction).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import onnx_helpers
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_helpers import vinfo
 
 import anyshape
 from anyshape.errors import InputError, UnsupportedError
@@ -28,15 +32,7 @@ NLL, SCE = "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"
 # --- helpers ------------------------------------------------------------------------------
 
 
-def make_model(nodes, inputs, outputs, initializers=(), opset=18):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
-
-
-def vinfo(name, dims, elem=F32):
-    return helper.make_tensor_value_info(name, elem, dims)
+make_model = functools.partial(onnx_helpers.make_model, opset=18)
 
 
 def ort_outputs(model, feeds):

@@ -13,9 +13,9 @@ padding) and LpPool; and the refusals.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_helpers import init, make_model, run_against_ort, vinfo
 
 import anyshape
 from anyshape.errors import UnsupportedError
@@ -24,38 +24,6 @@ F32 = TensorProto.FLOAT
 I64 = TensorProto.INT64
 U8 = TensorProto.UINT8
 node = helper.make_node
-
-
-def make_model(nodes, inputs, outputs, initializers=(), opset=20):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10 if opset > 9 else 7
-    return model
-
-
-def vinfo(name, dims, elem=F32):
-    return helper.make_tensor_value_info(name, elem, dims)
-
-
-def init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
-
-
-def run_against_ort(model, cases, rtol=1e-4, atol=1e-5):
-    """Compile ``model`` once, run every feed dict in ``cases``, compare with onnxruntime."""
-    before = anyshape.stats()["compilations"]
-    module = anyshape.onnx.compile(model)
-    sess = ort.InferenceSession(model.SerializeToString())
-    for feeds in cases:
-        got = module(**feeds)
-        want = sess.run(None, feeds)
-        assert len(got) == len(want)
-        for name, g, w in zip(module.output_names, got, want):
-            assert g.shape == w.shape, (name, g.shape, w.shape)
-            assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=name)
-    assert anyshape.stats()["compilations"] - before == 1
-    return module
 
 
 def rand(rng, *shape):
