@@ -1,7 +1,7 @@
-"""ONNX's own backend node tests, every one, through ``AnyshapeBackend``.
+"""ONNX's own backend tests, every one, through ``AnyshapeBackend``.
 
 ``onnx.backend.test.loader.load_model_tests(kind="node")`` (1 884 tests with onnx
-1.23) each prepare (compile) a model and run it on its data sets; the outputs are judged
+1.23), and the 23 simple and 117 PyTorch-converted model tests, each prepare (compile) a model and run it on its data sets; the outputs are judged
 as ONNX's ``BackendTest`` judges them (count, shape, dtype, ``assert_allclose`` with the
 test's rtol/atol; ``tools/onnx_node_tests.py`` holds that runner). A test must pass unless
 ``onnx_node_expected.EXPECTED_FAILURES`` lists it with a reason, and then it must fail with
@@ -30,7 +30,9 @@ def _runner():
 
 
 RUNNER = _runner()
-CASES = RUNNER.load_cases()
+# node tests, then the small models and the PyTorch-converted models ONNX ships
+KINDS = ("node", "simple", "pytorch-converted", "pytorch-operator")
+CASES = [case for kind in KINDS for case in RUNNER.load_cases(None, kind)]
 EXPECTED = {name: reason for reason, names in EXPECTED_FAILURES.items() for name in names}
 
 
@@ -40,7 +42,8 @@ def _seed():
 
 
 def test_the_table_names_only_tests_that_exist():
-    assert len(CASES) > 1800
+    assert len(CASES) > 1800 + 100
+    assert len({c.name for c in CASES}) == len(CASES)
     unknown = sorted(set(EXPECTED) - {c.name for c in CASES})
     assert not unknown, f"EXPECTED_FAILURES names tests onnx does not have: {unknown}"
 

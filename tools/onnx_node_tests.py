@@ -33,14 +33,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(_HERE))
 
 
-def load_cases(pattern: str | None = None):
+def load_cases(pattern: str | None = None, kind: str = "node"):
     import warnings
 
     import onnx.backend.test.loader as loader
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        cases = loader.load_model_tests(kind="node")
+        cases = loader.load_model_tests(kind=kind)
     if pattern:
         rx = re.compile(pattern)
         cases = [c for c in cases if rx.fullmatch(c.name)]
@@ -67,8 +67,9 @@ def run_case(case, timeout: int = 120) -> dict:
     old = signal.signal(signal.SIGALRM, _on_alarm)
     signal.alarm(timeout)
     try:
-        rep = AnyshapeBackend.prepare(case.model, "CPU")
-        for inputs, refs in case.data_sets:
+        model, data_sets = _model_and_data(case)
+        rep = AnyshapeBackend.prepare(model, "CPU")
+        for inputs, refs in data_sets:
             outs = rep.run([_as_array(x) for x in inputs])
             _compare([_as_array(r) for r in refs], list(outs), case.rtol, case.atol, np)
     except AnyshapeError as e:
@@ -89,6 +90,28 @@ def run_case(case, timeout: int = 120) -> dict:
         "reason": reason[:2000],
         "seconds": round(time.perf_counter() - t0, 3),
     }
+
+
+def _model_and_data(case):
+    """The test's model and data sets: in memory (node tests) or in its folder (the rest)."""
+    if case.model is not None:
+        return case.model, case.data_sets
+    import glob
+
+    import onnx
+
+    model = onnx.load(os.path.join(case.model_dir, "model.onnx"))
+    data_sets = []
+    for folder in sorted(glob.glob(os.path.join(case.model_dir, "test_data_set_*"))):
+        tensors = []
+        for kind in ("input", "output"):
+            paths = sorted(
+                glob.glob(os.path.join(folder, f"{kind}_*.pb")),
+                key=lambda p: int(p.rsplit("_", 1)[1][:-3]),
+            )
+            tensors.append([onnx.load_tensor(p) for p in paths])
+        data_sets.append(tuple(tensors))
+    return model, data_sets
 
 
 def _as_array(value):
@@ -115,9 +138,11 @@ def _compare(refs, outs, rtol, atol, np) -> None:
         np.testing.assert_allclose(out, ref, rtol=rtol, atol=atol, err_msg=f"output {i}")
 
 
-def _worker(names: list[str], pattern: str | None, log_path: str, timeout: int) -> None:
+def _worker(
+    names: list[str], pattern: str | None, log_path: str, timeout: int, kind: str = "node"
+) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    by_name = {c.name: c for c in load_cases(pattern)}
+    by_name = {c.name: c for c in load_cases(pattern, kind)}
     with open(log_path, "a") as log:
         for name in names:
             log.write(json.dumps({"start": name}) + "\n")
@@ -140,7 +165,9 @@ def _read_log(path: str) -> tuple[dict, str | None]:
     return done, started
 
 
-def run_all(cases, workers: int, timeout: int, pattern: str | None) -> dict[str, dict]:
+def run_all(
+    cases, workers: int, timeout: int, pattern: str | None, kind: str = "node"
+) -> dict[str, dict]:
     names = [c.name for c in cases]
     shards = [names[k::workers] for k in range(workers)]
     results: dict[str, dict] = {}
@@ -149,7 +176,7 @@ def run_all(cases, workers: int, timeout: int, pattern: str | None) -> dict[str,
         pending = []
         for k, shard in enumerate(shards):
             log = os.path.join(tmp, f"w{k}.jsonl")
-            p = ctx.Process(target=_worker, args=(shard, pattern, log, timeout))
+            p = ctx.Process(target=_worker, args=(shard, pattern, log, timeout, kind))
             p.start()
             pending.append((p, shard, log))
         while pending:
@@ -166,7 +193,7 @@ def run_all(cases, workers: int, timeout: int, pattern: str | None) -> dict[str,
                 }
             rest = [n for n in shard if n not in results]
             if rest:
-                q = ctx.Process(target=_worker, args=(rest, pattern, log, timeout))
+                q = ctx.Process(target=_worker, args=(rest, pattern, log, timeout, kind))
                 q.start()
                 pending.append((q, rest, log))
     return results
@@ -204,6 +231,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", help="a regular expression the test names must match")
+    ap.add_argument(
+        "--kind",
+        default="node",
+        choices=["node", "simple", "pytorch-converted", "pytorch-operator"],
+        help="which of ONNX's backend test sets (default node)",
+    )
     ap.add_argument("--timeout", type=int, default=180, help="seconds per test")
     ap.add_argument("--json", help="write every test's outcome here")
     ap.add_argument("-v", "--verbose", action="store_true", help="list every failing test")
@@ -213,9 +246,9 @@ def main(argv=None) -> int:
         help="exit 1 where the outcome differs from tests/onnx_node_expected.py",
     )
     args = ap.parse_args(argv)
-    cases = load_cases(args.only)
+    cases = load_cases(args.only, args.kind)
     t0 = time.perf_counter()
-    results = run_all(cases, max(1, args.workers), args.timeout, args.only)
+    results = run_all(cases, max(1, args.workers), args.timeout, args.only, args.kind)
     print(summarize(results, args.verbose))
     print(f"({time.perf_counter() - t0:.0f} s, {args.workers} workers)")
     if args.json:

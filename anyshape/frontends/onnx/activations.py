@@ -222,13 +222,17 @@ def _guard_dims(ctx: LowerCtx, dims, against, what: str) -> None:
             raise UnsupportedError(str(err)) from None
 
 
-@rule("PRelu", first=7)
+@rule("PRelu", first=6)
 def _prelu_rule(ctx, node, ins):
     """``slope`` broadcasts unidirectionally: to X's shape, never X to the slope's."""
     x, slope = ins
     what = node.describe()
     if x.dtype.is_bool or slope.dtype != x.dtype:
         raise UnsupportedError(f"{what}: X {x.dtype} and slope {slope.dtype}")
+    if node.opset < 7 and slope.rank == 1 and x.rank > 2 and slope.shape[0] != 1:
+        # before opset 7 a [C] slope is per channel (axis 1), not NumPy-aligned to the end
+        per_channel = (slope.shape[0],) + (1,) * (x.rank - 2)
+        slope = Value.of_node(ctx.reshape(ctx.node(slope), per_channel))
     if slope.rank > x.rank:
         raise UnsupportedError(f"{what}: slope of rank {slope.rank} for X of rank {x.rank}")
     lead = x.rank - slope.rank

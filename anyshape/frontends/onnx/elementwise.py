@@ -264,7 +264,7 @@ def _is_nan_inf(ctx, node, ins):
     return [Value.of_node(ctx.op("and", inf, side))]
 
 
-@rule("Sum", "Mean", first=8)
+@rule("Sum", "Mean", first=6)
 def _sum_mean(ctx, node, ins):
     out = ins[0]
     for v in ins[1:]:

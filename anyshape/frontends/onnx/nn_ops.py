@@ -164,12 +164,14 @@ def _layer_norm(ctx, node, ins):
     return outs
 
 
-@rule("BatchNormalization", first=7)
+@rule("BatchNormalization", first=6)
 def _batch_norm(ctx, node, ins):
     x, scale, bias, mean, var = (ctx.node(v) for v in ins[:5])
     what = node.describe()
-    if int(node.attr("training_mode", 0)):
+    if int(node.attr("training_mode", 0)) or (node.opset < 7 and not int(node.attr("is_test", 0))):
         raise UnsupportedError(f"{what}: training mode is not compiled (inference only)")
+    if not int(node.attr("spatial", 1)):
+        raise UnsupportedError(f"{what}: spatial=0 (statistics per element) is not compiled")
     if x.rank < 2:
         raise UnsupportedError(f"{what}: input of rank {x.rank}")
     eps = float(node.attr("epsilon", 1e-5))
