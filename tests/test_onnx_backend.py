@@ -335,3 +335,24 @@ def test_weights_are_packed_once_not_per_call(monkeypatch):
     assert watched == [module.compiled.executable]
     x = np.ones((3, 32), np.float32)
     np.testing.assert_allclose(module(x)[0], x @ numpy_helper.to_array(w), rtol=1e-5)
+
+
+def test_dlpack_inputs_are_read_without_a_copy():
+    class Producer:  # a DLPack producer that is neither NumPy nor torch
+        def __init__(self, array):
+            self.array = array
+
+        def __dlpack__(self, **kwargs):
+            return self.array.__dlpack__(**kwargs)
+
+        def __dlpack_device__(self):
+            return self.array.__dlpack_device__()
+
+    model = make_model(
+        [helper.make_node("Relu", ["x"], ["y"])], [vinfo("x", ["n"])], [vinfo("y", None)]
+    )
+    module = anyshape.onnx.compile(model)
+    x = np.array([-1.0, 2.0, -3.0], np.float32)
+    np.testing.assert_array_equal(module(Producer(x))[0], np.maximum(x, 0))
+    with pytest.raises(InputError, match="NumPy array, a torch tensor or a DLPack tensor"):
+        module(object())

@@ -121,8 +121,14 @@ class OnnxModule:
             return value.detach().resolve_conj().resolve_neg().numpy(), True
         if isinstance(value, (np.ndarray, np.generic, list, tuple, int, float, bool)):
             return np.asarray(value), False
+        if hasattr(value, "__dlpack__"):  # any DLPack producer on the CPU: no copy
+            try:
+                return np.from_dlpack(value), False
+            except (BufferError, RuntimeError, TypeError) as e:
+                raise InputError(f"input {name!r}: its DLPack tensor cannot be read: {e}") from e
         raise InputError(
-            f"input {name!r} must be a NumPy array or a torch tensor, got {type(value).__name__}"
+            f"input {name!r} must be a NumPy array, a torch tensor or a DLPack tensor, "
+            f"got {type(value).__name__}"
         )
 
     def __repr__(self) -> str:
