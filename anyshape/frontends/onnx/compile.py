@@ -113,26 +113,30 @@ class OnnxModule:
         return arrange_inputs(self.input_names, self._index, args, kwargs)
 
     def _as_array(self, i: int, value) -> tuple[np.ndarray, bool]:
-        name = self.input_names[i]
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(value, torch.Tensor):
-            if value.device.type != "cpu":
-                raise InputError(f"input {name!r} is on device {value.device}, expected cpu")
-            return value.detach().resolve_conj().resolve_neg().numpy(), True
-        if isinstance(value, (np.ndarray, np.generic, list, tuple, int, float, bool)):
-            return np.asarray(value), False
-        if hasattr(value, "__dlpack__"):  # any DLPack producer on the CPU: no copy
-            try:
-                return np.from_dlpack(value), False
-            except (BufferError, RuntimeError, TypeError) as e:
-                raise InputError(f"input {name!r}: its DLPack tensor cannot be read: {e}") from e
-        raise InputError(
-            f"input {name!r} must be a NumPy array, a torch tensor or a DLPack tensor, "
-            f"got {type(value).__name__}"
-        )
+        return as_input_array(self.input_names[i], value)
 
     def __repr__(self) -> str:
         return f"OnnxModule({self.signature} -> {', '.join(self.output_names)})"
+
+
+def as_input_array(name: str, value) -> tuple[np.ndarray, bool]:
+    """An input as a NumPy array (no copy where possible) and whether it was a torch tensor."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise InputError(f"input {name!r} is on device {value.device}, expected cpu")
+        return value.detach().resolve_conj().resolve_neg().numpy(), True
+    if isinstance(value, (np.ndarray, np.generic, list, tuple, int, float, bool)):
+        return np.asarray(value), False
+    if hasattr(value, "__dlpack__"):  # any DLPack producer on the CPU: no copy
+        try:
+            return np.from_dlpack(value), False
+        except (BufferError, RuntimeError, TypeError) as e:
+            raise InputError(f"input {name!r}: its DLPack tensor cannot be read: {e}") from e
+    raise InputError(
+        f"input {name!r} must be a NumPy array, a torch tensor or a DLPack tensor, "
+        f"got {type(value).__name__}"
+    )
 
 
 def _known(a: np.ndarray) -> bool:

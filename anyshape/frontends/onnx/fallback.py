@@ -31,7 +31,6 @@ call checks its inputs' shapes. Values are dropped after their last reader.
 
 from __future__ import annotations
 
-import sys
 import warnings
 from collections import Counter
 from dataclasses import dataclass, field
@@ -44,6 +43,7 @@ from ...ir.graph import GraphBuilder
 from ...ir.symbolic import format_dim
 from ...ir.types import TensorType
 from ...runtime.binder import arrange_inputs
+from .compile import as_input_array
 from .context import LowerCtx, NeedsInputValue, OnnxNodeView, Value
 from .dims import DimNamer
 from .lower import ir_name, lower_node, needed_nodes, outer_reads
@@ -456,17 +456,7 @@ class FallbackModule:
             ) from None
 
     def _as_array(self, name: str, value) -> tuple[np.ndarray, bool]:
-        torch = sys.modules.get("torch")
-        was_torch = False
-        if torch is not None and isinstance(value, torch.Tensor):
-            if value.device.type != "cpu":
-                raise InputError(f"input {name!r} is on device {value.device}, expected cpu")
-            value, was_torch = value.detach().resolve_conj().resolve_neg().numpy(), True
-        elif not isinstance(value, (np.ndarray, np.generic, list, tuple, int, float, bool)):
-            raise InputError(
-                f"input {name!r} must be a NumPy array or a torch tensor, got {type(value).__name__}"
-            )
-        a = np.asarray(value)
+        a, was_torch = as_input_array(name, value)
         ty = self._types[name]
         if a.dtype != ty.dtype.to_numpy():
             try:
