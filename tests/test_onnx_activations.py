@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-from onnx_helpers import make_model, ort_outputs, vinfo
+from onnx_helpers import make_model, ort_outputs, run_against_ort, vinfo
 
-import anyshape
 from anyshape.errors import InputError, UnsupportedError
 from anyshape.frontends.onnx import api as onnx_api
 from anyshape.frontends.onnx.lower import lower_model
@@ -39,19 +38,7 @@ def reference_outputs(model, feeds):
 
 
 def run_against(model, cases, oracle=ort_outputs, rtol=1e-4, atol=1e-5):
-    """Compile ``model`` once, run every feed dict in ``cases``, compare with ``oracle``."""
-    before = anyshape.stats()["compilations"]
-    module = onnx_api.compile(model)
-    for feeds in cases:
-        got = module(**feeds)
-        want = oracle(model, feeds)
-        assert len(got) == len(want)
-        for name, g, w in zip(module.output_names, got, want):
-            assert g.shape == w.shape, (name, g.shape, w.shape)
-            assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=name)
-    assert anyshape.stats()["compilations"] - before == 1
-    return module
+    return run_against_ort(model, cases, rtol, atol, oracle=oracle)
 
 
 def spread(rng, *shape, dtype=np.float32):

@@ -11,10 +11,14 @@ reductions, against onnxruntime.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+import onnx_helpers
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from onnx_helpers import vinfo
 
 import anyshape
 from anyshape.errors import InputError
@@ -24,15 +28,7 @@ from anyshape.frontends.onnx.specialize import ValueSpecializedModule
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 
 
-def make_model(nodes, inputs, outputs, initializers=(), opset=18):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 9
-    return model
-
-
-def vinfo(name, dims, elem=F32):
-    return helper.make_tensor_value_info(name, elem, dims)
+make_model = functools.partial(onnx_helpers.make_model, opset=18)
 
 
 def ort_run(model, feeds):

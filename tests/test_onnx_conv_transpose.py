@@ -13,9 +13,11 @@ ceil mode with a stride on symbolic sizes; and the refusals.
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import numpy as np
+import onnx_helpers
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -43,20 +45,7 @@ def init(name, array):
     return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
 
 
-def run_against_ort(model, cases, rtol=1e-4, atol=1e-4):
-    """Compile ``model`` once, run every feed dict in ``cases``, compare with onnxruntime."""
-    before = anyshape.stats()["compilations"]
-    module = anyshape.onnx.compile(model)
-    sess = ort.InferenceSession(model.SerializeToString())
-    for feeds in cases:
-        got = module(**feeds)
-        want = sess.run(None, feeds)
-        for g, w in zip(got, want):
-            assert g.shape == w.shape, (feeds["x"].shape, g.shape, w.shape)
-            assert g.dtype == w.dtype
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
-    assert anyshape.stats()["compilations"] - before == 1
-    return module
+run_against_ort = functools.partial(onnx_helpers.run_against_ort, atol=1e-4)
 
 
 def images(*shapes, seed=0):

@@ -18,7 +18,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from onnx_helpers import init, make_model, vinfo
 
 import anyshape
 from anyshape.errors import InputError, UnsupportedError
@@ -33,21 +34,6 @@ S = SymExpr.symbol
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def make_model(nodes, inputs, outputs, initializers=(), opset=20):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    return model
-
-
-def vinfo(name, dims, elem=F32):
-    return helper.make_tensor_value_info(name, elem, dims)
-
-
-def init(name, array):
-    return numpy_helper.from_array(np.asarray(array), name)
 
 
 def ort_outputs(model, feeds):

@@ -14,12 +14,10 @@ import functools
 
 import numpy as np
 import onnx_helpers
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from onnx_helpers import vinfo
+from onnx_helpers import ort_outputs, run_against_ort, vinfo
 
-import anyshape
 from anyshape.errors import InputError, UnsupportedError
 from anyshape.frontends.onnx import api as onnx_api
 from anyshape.ir.dtypes import DType
@@ -33,27 +31,6 @@ NLL, SCE = "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss"
 
 
 make_model = functools.partial(onnx_helpers.make_model, opset=18)
-
-
-def ort_outputs(model, feeds):
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def run_against_ort(model, cases, rtol=1e-4, atol=1e-5):
-    """Compile ``model`` once, run every feed dict in ``cases``, compare with onnxruntime."""
-    before = anyshape.stats()["compilations"]
-    module = onnx_api.compile(model)
-    for feeds in cases:
-        got = module(**feeds)
-        want = ort_outputs(model, feeds)
-        assert len(got) == len(want)
-        for name, g, w in zip(module.output_names, got, want):
-            assert g.shape == w.shape, (name, g.shape, w.shape)
-            assert g.dtype == w.dtype, (name, g.dtype, w.dtype)
-            np.testing.assert_allclose(g, w, rtol=rtol, atol=atol, err_msg=name)
-    assert anyshape.stats()["compilations"] - before == 1
-    return module
 
 
 def loss_model(op, x_dims, t_dims, *, weight=False, log_prob=False, elem=F32, t_elem=I64, **attrs):
