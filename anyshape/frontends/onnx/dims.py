@@ -57,6 +57,18 @@ class DimNamer:
         self.used: set[str] = set()
         self._fresh = 0
 
+    def shape(self, dims) -> tuple:
+        """A TensorShapeProto's dims: values, ``dim_param`` names, fresh symbols for unnamed."""
+        out = []
+        for d in dims:
+            if d.HasField("dim_value"):
+                out.append(int(d.dim_value))
+            elif d.dim_param.strip():
+                out.append(self.named(d.dim_param))
+            else:
+                out.append(self.fresh())
+        return tuple(out)
+
     def named(self, text: str) -> int | SymExpr:
         """The dim a ``dim_param`` names."""
         text = text.strip()

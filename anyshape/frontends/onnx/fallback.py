@@ -152,15 +152,7 @@ def _boundary_type(type_proto, namer: DimNamer) -> tuple[TensorType | None, str]
         return None, f"of an element type anyshape lacks ({tt.elem_type})"
     if not tt.HasField("shape"):
         return None, "whose rank shape inference does not know"
-    dims = []
-    for d in tt.shape.dim:
-        if d.HasField("dim_value"):
-            dims.append(int(d.dim_value))
-        elif d.dim_param.strip():
-            dims.append(namer.named(d.dim_param))
-        else:
-            dims.append(namer.fresh())
-    return TensorType(dtype, tuple(dims)), ""
+    return TensorType(dtype, namer.shape(tt.shape.dim)), ""
 
 
 # --- the plan: levels, segments, their inputs and outputs -----------------------------------

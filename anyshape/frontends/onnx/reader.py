@@ -197,15 +197,7 @@ def read_model(
         dims = _dims_of(vi)
         if dims is None:
             raise UnsupportedError(f"{what} has no declared rank; anyshape compiles per rank")
-        shape = []
-        for d in dims:
-            if d.HasField("dim_value"):
-                shape.append(int(d.dim_value))
-            elif d.dim_param.strip():
-                shape.append(namer.named(d.dim_param))
-            else:
-                shape.append(namer.fresh())
-        inputs.append((vi.name, TensorType(dtype, tuple(shape))))
+        inputs.append((vi.name, TensorType(dtype, namer.shape(dims))))
     name = graph.name or "onnx_model"
     return OnnxModel(
         proto=inferred,
