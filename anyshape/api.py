@@ -318,7 +318,7 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
 
 
 def optimize(
-    model: torch.nn.Module, example_inputs, *, dynamic_shapes=None, **options
+    model: torch.nn.Module, example_inputs, *, dynamic_shapes=None, training=False, **options
 ) -> OptimizedModule:
     """Compile ``model`` once for every input shape of the examples' ranks and dtypes.
 
@@ -327,12 +327,26 @@ def optimize(
     ``torch.export``) says otherwise. Options: see ``anyshape.config.Options``.
     A model torch.export cannot capture runs through TorchDynamo instead
     (``plugin/dynamo_capture.py``): each graph compiled, graph breaks in PyTorch.
+
+    ``training=True`` compiles the forward and the backward (the model stays in
+    training mode; dropout is compiled): the returned module's outputs carry
+    gradients to the model's own parameters (``plugin/training.py``).
     """
     from .plugin import model_cache
     from .plugin.pytree_types import register_model_types
 
     register_model_types(model)  # (before the model cache: restored outputs may hold them)
     opts = Options.from_env(**options)
+    if training:
+        from .plugin.pytree_types import exportable_caches
+        from .plugin.training import optimize_for_training
+
+        def compile_eval(args, kwargs):
+            return optimize(model, (args, kwargs), dynamic_shapes=dynamic_shapes, **options)
+
+        args, kwargs = split_inputs(example_inputs)
+        with exportable_caches():
+            return optimize_for_training(model, args, kwargs, dynamic_shapes, opts, compile_eval)
     if isinstance(model, torch.nn.Module):
         model.eval()
     name = type(model).__name__

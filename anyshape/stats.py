@@ -8,6 +8,8 @@ to build (cache misses); ``model_cache_hits`` counts ``optimize`` calls served
 from the model cache (they count as compilations too: capture was skipped);
 ``guard_recompilations`` counts graphs compiled again for a call that failed a guard
 of the model's first graph (counted in ``compilations`` too).
+``backward_compilations`` counts backward graphs compiled for training (one per
+forward graph that needs gradients; not counted in ``compilations``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ def reset_stats() -> None:
         _counters.update(
             {
                 "compilations": 0,
+                "backward_compilations": 0,
                 "clusters": 0,
                 "fallback_ops": 0,
                 "compiled_ops": 0,

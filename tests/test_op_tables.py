@@ -68,7 +68,7 @@ def test_planner_classifies_every_op_and_the_cpu_backend_renders_each_class():
     classes = {op: cpu.op_class(op) for op in OPS}
     assert set(classes.values()) == {cls for _, cls in cpu.CLASS_OF_TRAIT}
     assert cpu.SOURCE_OPS == {"input", "param"}
-    assert cpu.LIBRARY_OPS == {"cumulative", "dot", "convolution", "pool"}
+    assert cpu.LIBRARY_OPS == {"cumulative", "dot", "convolution", "pool", "scatter"}
     assert cpu.NOT_RECOMPUTED == {"concatenate", "pad", "gather", "take_along_axis"}
     # Each class has its code: every root an emitter, every fused op a C++ expression.
     assert set(EMITTERS) == cpu.ROOT_OPS
@@ -159,6 +159,11 @@ BAD = {
     "concatenate": (_op("concatenate", "x", "x3", axis=0), IRTypeError, "differ in rank"),
     "pad": (_op("pad", "x", "x", low=(0, 0), high=(0, 0)), IRTypeError, "pad value must be"),
     "gather": (_op("gather", "x", "x", axis=0), IRTypeError, "indices must be integers"),
+    "scatter": (
+        _op("scatter", "x", "x", "x", axis=0, mode="add"),
+        IRTypeError,
+        "indices must be integers",
+    ),
     "take_along_axis": (
         _op("take_along_axis", "x", "x3", axis=0),
         IRTypeError,

@@ -77,6 +77,9 @@ BUILDERS = {
     "pad": lambda b, v: b.op("pad", v["x"], b.constant(0.5, F32), low=(1, -2), high=(0, 3)),
     "gather": lambda b, v: b.op("gather", v["x"], v["idx"], axis=0),
     "take_along_axis": lambda b, v: b.op("take_along_axis", v["x"], v["i"], axis=1),
+    "scatter": lambda b, v: b.op(
+        "scatter", v["x"], v["idx"], b.op("gather", v["x"], v["idx"], axis=0), axis=0, mode="add"
+    ),
     "reduce": lambda b, v: b.op("reduce", v["m"], kind="any", axes=(0, 1)),
     "argreduce": lambda b, v: b.op("argreduce", v["x"], kind="argmax", axis=1),
     "cumulative": lambda b, v: b.op("cumulative", v["x"], kind="sum", axis=0),

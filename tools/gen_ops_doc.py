@@ -31,6 +31,9 @@ FAMILY_TITLES = {
     "indexing": "Indexing",
     "reduce": "Reductions, scans and softmax",
     "nn": "Neural-network ops",
+    "attention": "Attention, forward and backward",
+    "scatter": "Writes into a copy (gradients of slices, embeddings, cross-entropy)",
+    "random": "Random ops (training-mode dropout)",
     "linalg": "Linear algebra",
 }
 

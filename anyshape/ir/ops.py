@@ -46,6 +46,8 @@ TRAITS = {
     "view": "reads one element of its operand at an index computed from its own",
     "piecewise": "each region of the result is a different operand or a fill value",
     "indirect": "reads its operand at positions held as values in another operand",
+    "scatter": "writes into a copy of its operand at positions held as values in another "
+    "operand: no element of the result is computable on its own",
     "reduction": "combines the elements along some axes into one",
     "scan": "each element combines every element before it along an axis",
     "contraction": "sums products over contracted dims (matrix product, convolution)",
@@ -328,6 +330,45 @@ def _take_along(types, attrs, store):
     if not idx.dtype.is_int or idx.rank != x.rank:
         raise IRTypeError(f"take_along_axis needs integer indices of rank {x.rank}, got {idx}")
     return TensorType(x.dtype, idx.shape)
+
+
+SCATTER_MODES = ("add", "set")
+
+
+@_op(
+    "scatter",
+    3,
+    "scatter",
+    attrs="axis mode",
+    doc="the inverse of gather: scatter(base, indices, updates) is base with, at every "
+    "position p of updates, out[p[:axis] + (indices[p[axis:axis+k]],) + p[axis+k:]] "
+    "+= (mode add) or = (mode set) updates[p], k = indices.rank; updates has the shape "
+    "base[:axis] + indices + base[axis+1:]; an index outside [0, base.shape[axis]) is "
+    "a run-time error; with mode set, of duplicate indices the last update in "
+    "row-major order over updates wins",
+)
+def _scatter(types, attrs, store):
+    base, idx, upd = types
+    a, mode = attrs["axis"], attrs["mode"]
+    if not idx.dtype.is_int:
+        raise IRTypeError(f"scatter indices must be integers, got {idx}")
+    if not isinstance(a, int) or not 0 <= a < base.rank:
+        raise IRTypeError(f"scatter axis {a} out of range for {base}")
+    if mode not in SCATTER_MODES:
+        raise IRTypeError(f"unknown scatter mode {mode!r} (one of {', '.join(SCATTER_MODES)})")
+    if upd.dtype != base.dtype:
+        raise IRTypeError(f"scatter updates must be {base.dtype} like the base, got {upd}")
+    want = base.shape[:a] + idx.shape + base.shape[a + 1 :]
+    if upd.rank != len(want):
+        raise IRTypeError(f"scatter updates must have rank {len(want)}, got {upd}")
+    # Every static mismatch is refused before any dim is guarded: no guard left behind.
+    dims = [(as_expr(u), as_expr(w)) for u, w in zip(upd.shape, want)]
+    for i, (u, w) in enumerate(dims):
+        if store.prove_ne(u, w):
+            raise ValueError(f"scatter updates dim {i}: {u} == {w} can never hold")
+    for i, (u, w) in enumerate(dims):
+        store.guard_eq(u, w, f"scatter updates dim {i}")
+    return base
 
 
 # --- reductions ------------------------------------------------------------------

@@ -17,6 +17,7 @@ from ..config import Options
 from ..errors import InputError, UnsupportedError, first_line
 from ..frontends.torch.capture import symbol_sources
 from ..frontends.torch.lowering import is_tensor_node, lower_cluster, source_location
+from ..frontends.torch.random_ops import seed_dropout
 from ..frontends.torch.symbols import TORCH_TO_DTYPE, to_tensor_type
 from ..ir.constraints import ConstraintStore
 from ..runtime.binder import InputSpec, ShapeBinder
@@ -24,6 +25,7 @@ from ..stats import bump
 from .assemble import assemble
 from .compiled_cluster import CompiledCluster
 from .partition import Fallback, PartitionPlan, plan_partitions
+from .sizes_from_inputs import read_sizes_from_inputs
 
 
 @dataclass
@@ -133,6 +135,8 @@ def compile_graph(
     for n in list(gm.graph.nodes):
         if str(n.target) == "aten._assert_tensor_metadata.default" and not n.users:
             gm.graph.erase_node(n)
+    seed_dropout(gm)  # (training graphs: dropout's mask as compiled code)
+    read_sizes_from_inputs(gm)
     gm.recompile()
     plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
     report = CompileReport(fallbacks=list(plan.fallbacks))

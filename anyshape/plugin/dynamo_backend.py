@@ -3,8 +3,10 @@
 Sits beside ``api.optimize`` as the second entry into plugin mode. Dynamo hands
 over FX graphs with symbolic sizes; AOTAutograd decomposes them to core ATen
 (the same op set torch.export produces), and each forward graph is compiled by
-``compile_graph`` (one compilation per graph Dynamo hands over). Backward
-graphs, when gradients are needed, run in PyTorch.
+``compile_graph`` (one compilation per graph Dynamo hands over). When gradients
+are needed AOTAutograd partitions the joint graph: the forward returns what the
+backward reads (saved activations, sizes), and the backward graph is compiled
+the same way, with the same symbolic sizes (``stats()["backward_compilations"]``).
 
 Sizes 0 and 1: Dynamo specializes them (a graph traced at batch 4 guards
 ``batch != 1``), so a stream that later sends batch 1 gets a second graph from
@@ -23,6 +25,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
 from ..config import Options
+from ..stats import bump
 from .compile import compile_graph
 
 
@@ -56,8 +59,29 @@ def _make_forward_compiler(options: Options):
     return fw_compiler
 
 
-def _backward_in_torch(gm: torch.fx.GraphModule, example_inputs):
-    return make_boxed_func(gm.forward)
+def compile_backward(gm: torch.fx.GraphModule, example_inputs, options: Options):
+    """One AOTAutograd backward graph compiled in place: ``(gm, CompileReport)``.
+
+    Its inputs are the forward's saved tensors and sizes and the output gradients;
+    its sizes are the forward's symbols, so one backward serves every shape the
+    forward serves. Counted in ``backward_compilations``, not ``compilations``.
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        gm, report = compile_graph(
+            gm, _symbol_ranges(example_inputs), options, with_prologue=False, count=False
+        )
+    bump("backward_compilations")
+    return gm, report
+
+
+def _make_backward_compiler(options: Options):
+    def bw_compiler(gm: torch.fx.GraphModule, example_inputs):
+        gm, _ = compile_backward(gm, example_inputs, options)
+        return make_boxed_func(gm.forward)
+
+    return bw_compiler
 
 
 # Fused ops whose torch decomposition changes what their outputs mean. AOTAutograd
@@ -85,7 +109,7 @@ def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     opts = Options.from_env(**(options or {}))
     inner = aot_autograd(
         fw_compiler=_make_forward_compiler(opts),
-        bw_compiler=_backward_in_torch,
+        bw_compiler=_make_backward_compiler(opts),
         decompositions=decomposition_table(),
     )
     return inner(gm, example_inputs)

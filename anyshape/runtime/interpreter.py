@@ -300,6 +300,30 @@ def _run_take_along(node, args, env, graph):
     return np.take_along_axis(x[crop], idx, axis=axis)
 
 
+@_impl("scatter")
+def _run_scatter(node, args, env, graph):
+    base, idx, upd = args
+    axis, mode = node.attr("axis"), node.attr("mode")
+    n = base.shape[axis]
+    if idx.size and (idx.min() < 0 or idx.max() >= n):
+        raise IndexError(f"scatter index out of range for dim of size {n}")
+    out = np.array(base, copy=True)
+    flat = idx.reshape(-1).astype(np.int64)
+    lead, tail = base.shape[:axis], base.shape[axis + 1 :]
+    # The indexed dim first, in out (a view) and in updates: [K, *lead, *tail].
+    rows = np.moveaxis(out, axis, 0)
+    ups = np.moveaxis(upd.reshape(lead + (flat.size,) + tail), axis, 0)
+    if mode == "add":
+        # Unbuffered, in row-major order over the updates, in the base's own dtype.
+        np.add.at(rows, flat, ups)
+    else:
+        # Of duplicate indices the last (in row-major order) wins: only those are written.
+        _, first_of_reversed = np.unique(flat[::-1], return_index=True)
+        last = flat.size - 1 - first_of_reversed
+        rows[flat[last]] = ups[last]
+    return out
+
+
 _REDUCE = {
     "sum": np.sum,
     "prod": np.prod,

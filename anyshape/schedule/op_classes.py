@@ -30,6 +30,10 @@ CLASS_OF_TRAIT = (
     ("scan", "library_root"),
     ("contraction", "library_root"),
     ("window", "library_root"),
+    # A copy of its base, then its updates written at the positions its indices hold: no
+    # element of the result is known before every update is in, so it is never fused into
+    # a consumer; its own kernel reads the operands (fused or in memory) as a scan does.
+    ("scatter", "library_root"),
 )
 
 

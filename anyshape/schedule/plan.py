@@ -292,9 +292,12 @@ def describe_kernel(sched: Schedule, root: Node) -> str:
     kind = (
         "stitch"
         if id(root) in sched.stitches
-        else {"dot": "library GEMM", "convolution": "im2col + GEMM", "pool": "window"}.get(
-            root.op, "reduce" if root.op in ROOT_OPS else "loop"
-        )
+        else {
+            "dot": "library GEMM",
+            "convolution": "im2col + GEMM",
+            "pool": "window",
+            "scatter": "scatter",
+        }.get(root.op, "reduce" if root.op in ROOT_OPS else "loop")
     )
     group = members(sched, root)
     if len(group) > 1:

@@ -324,7 +324,8 @@ class KernelScope:
         x, v = n.inputs
         conds, src = [], []
         for i, (lo, d) in enumerate(zip(n.attr("low"), x.shape)):
-            j = self.tmp("int64_t", f"{idx[i]} - {lo}" if lo else idx[i])
+            lo = as_dim(lo)  # (a symbolic amount: a slice scatter's start)
+            j = self.tmp("int64_t", f"{idx[i]} - ({self.dim(lo)})" if lo != 0 else idx[i])
             conds.append(f"{j} >= 0 && {j} < {self.dim(d)}")
             src.append(self._clamped(j, d))
         inside = " && ".join(conds) or "true"

@@ -15,7 +15,9 @@ materialized root node into a ``Kernel``: a C++ function
   (batched, transposes folded into the call) (``gemm_emit``);
 - convolution: float ones through oneDNN or im2col + GEMM (``conv_emit``), with
   their epilogue; others, and pool: direct window loops over a materialized input
-  (float max pooling row by row, vectorized: ``pool_emit``).
+  (float max pooling row by row, vectorized: ``pool_emit``);
+- scatter: the indices checked, the base copied, then the updates written in,
+  the threads on disjoint rows or columns of the result (``scatter_emit``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, format_dim, shape_numel
 from ...schedule.plan import Schedule, fused_into
 from ...schedule.reads import members
-from . import conv_emit, gemm_emit, pool_emit
+from . import conv_emit, gemm_emit, pool_emit, scatter_emit
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .hoist import hoist_invariants
@@ -164,6 +166,7 @@ EMITTERS = {
     "dot": gemm_emit.emit_dot,
     "convolution": _emit_conv,
     "pool": _emit_window,
+    "scatter": scatter_emit.emit_scatter,
 }
 
 

@@ -170,7 +170,7 @@ AS_INLINE int64_t as_mod(int64_t a, int64_t b) {
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 static const char* as_kernel_error(int code) {
-  return code == 1 ? "an index is out of range (gather/embedding/index)"
+  return code == 1 ? "an index is out of range (gather/embedding/index/scatter)"
        : code == 2 ? "integer division by zero"
        : code == 3 ? "out of memory for kernel scratch space"
        : code == 4 ? "oneDNN failed on a convolution it had run on an earlier image of the batch"

@@ -187,12 +187,31 @@ def capture_export(
     model: torch.nn.Module, args: tuple, kwargs: dict | None = None, dynamic_shapes=None
 ) -> Captured:
     """torch.export + decomposition to core ATen, with actionable errors."""
+    return capture_program(_export(model, args, kwargs, dynamic_shapes), type(model).__name__)
+
+
+def capture_export_for_training(
+    model: torch.nn.Module, args: tuple, kwargs: dict | None = None, dynamic_shapes=None
+) -> Captured:
+    """torch.export with autograd on, not decomposed: the graph AOTAutograd differentiates
+    (and decomposes) for ``plugin/training.py``; symbol ranges and guards as for inference."""
+    ep = _export(model, args, kwargs, dynamic_shapes, grad=True)
+    ranges = {str(sym): (0, _finite_int(vr.upper)) for sym, vr in ep.range_constraints.items()}
+    gm = ep.module()
+    guards = export_guards(ep)
+    known = {str(g) for g in guards}
+    guards += [g for g in slice_size_guards(gm) if str(g) not in known]
+    return Captured(gm, ranges, ep, guards, decomposed=False)
+
+
+def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool = False):
     kwargs = kwargs or {}
     ours = dynamic_shapes is None
     if ours:
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
+    grad_mode = contextlib.nullcontext() if grad else torch.no_grad()
     try:
-        with torch.no_grad(), _quiet_specialization_log(ours), _max_pool1d_as_2d():
+        with grad_mode, _quiet_specialization_log(ours), _max_pool1d_as_2d():
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
@@ -204,7 +223,7 @@ def capture_export(
             f"or use torch.compile(model, backend='anyshape'), which runs uncapturable Python "
             f"in PyTorch and compiles the rest."
         ) from e
-    return capture_program(ep, type(model).__name__)
+    return ep
 
 
 def capture_program(ep, name: str = "the program") -> Captured:

@@ -1,3 +1,14 @@
 """The ATen lowering table, one module per op family; importing this package fills it."""
 
-from . import creation, elementwise, indexing, linalg, nn, reduce, shape  # noqa: F401
+from . import (  # noqa: F401
+    attention,
+    creation,
+    elementwise,
+    indexing,
+    linalg,
+    nn,
+    random,
+    reduce,
+    scatter,
+    shape,
+)

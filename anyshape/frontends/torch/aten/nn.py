@@ -1,10 +1,10 @@
 """Lowering rules for ATen neural-network ops: layer, group and batch norm (batch norm by
 running statistics, or by batch statistics where that mutates nothing, as instance norm
-does), convolution, max/avg/adaptive pooling, embedding and index lookups,
-scaled-dot-product attention and eval-mode dropout.
+does), convolution, max/avg/adaptive pooling, embedding and index lookups, and
+eval-mode dropout. Attention is in ``attention.py``.
 
 Part of the torch frontend's lowering table (see ``lowering.py``); reductions
-and softmax come from ``reduce.py``. Normalization, pooling and attention compute
+and softmax come from ``reduce.py``. Normalization and pooling compute
 in the accumulator dtype (f32 for f16/bf16) and cast to torch's result dtype.
 Pooling windows follow torch's ``ceil_mode`` by padding high and cropping to the
 shape torch recorded (read as the exact size for every input length, see
@@ -25,7 +25,7 @@ from ....errors import UnsupportedError
 from ....ir.dtypes import DType
 from ....ir.symbolic import as_dim, as_expr, floordiv, shape_numel
 from ..lowering import LowerCtx, lowering, norm_dim
-from .reduce import acc_dtype, expand_back, mean, reduce_axes
+from .reduce import acc_dtype, expand_back, mean
 from .shape import slice_dim
 
 aten = torch.ops.aten
@@ -405,95 +405,6 @@ def _index_select(ctx, x, dim, index):
 def _gather(ctx, x, dim, index, *, sparse_grad=False):
     x, index = _at_least_1d(ctx, x), _no_negative(ctx, _at_least_1d(ctx, index))
     return _finish(ctx, ctx.op("take_along_axis", x, index, axis=norm_dim(dim, x.rank)))
-
-
-# --- attention ----------------------------------------------------------------------------------
-
-
-def _attention(ctx: LowerCtx, q, k, v, mask, dropout_p, is_causal, scale, enable_gqa=False):
-    """(output, logsumexp) of softmax(q @ k^T * scale + mask) @ v in the accumulator dtype."""
-    if dropout_p:
-        raise UnsupportedError("attention dropout is random")
-    out = ctx.out_type(0 if isinstance(ctx.out_val(), tuple) else None)
-    acc = acc_dtype(q.dtype)
-    if enable_gqa:
-        k, v = _repeat_heads(ctx, k, q.shape[-3]), _repeat_heads(ctx, v, q.shape[-3])
-    batch = tuple(out.shape[:-2])
-    q, k, v = (ctx.broadcast_to(ctx.cast(t, acc), batch + t.shape[-2:]) for t in (q, k, v))
-    perm = (*range(k.rank - 2), k.rank - 1, k.rank - 2)
-    s = ctx.op("dot", q, ctx.transpose(k, perm))
-    s = ctx.op("mul", s, _scale(ctx, q.shape[-1], scale, s))
-    ninf = ctx.full(-math.inf, s.shape, acc)
-    if is_causal:  # query i sees keys 0..i (top-left aligned, as torch's tril)
-        row, col = (
-            ctx.op("iota", shape=s.shape, dim=d, dtype=DType.i64) for d in (s.rank - 2, s.rank - 1)
-        )
-        s = ctx.op("select", ctx.op("ge", row, col), s, ninf)
-    if mask is not None and mask.dtype is DType.b8:
-        s = ctx.op("select", ctx.broadcast_to(mask, s.shape), s, ninf)
-    elif mask is not None:
-        s = ctx.op("add", s, ctx.broadcast_to(ctx.cast(mask, acc), s.shape))
-    p, lse = _softmax_lse(ctx, s)
-    return ctx.op("dot", p, v), lse
-
-
-def _softmax_lse(ctx: LowerCtx, s):
-    """Softmax over the last axis and its logsumexp, as torch's CPU flash kernel computes
-    them: a fully masked row (all -inf) gets probabilities 0 and a logsumexp of 0."""
-    axes = (s.rank - 1,)
-    m = _replace(ctx, reduce_axes(ctx, "max", s, axes), -math.inf, 0)
-    e = ctx.op("exp", ctx.op("sub", s, expand_back(ctx, m, s.shape, axes)))
-    total = _replace(ctx, reduce_axes(ctx, "sum", e, axes), 0, 1)
-    p = ctx.op("div", e, expand_back(ctx, total, s.shape, axes))
-    return p, ctx.op("add", m, ctx.op("log", total))
-
-
-def _replace(ctx: LowerCtx, x, old, new):
-    hit = ctx.op("eq", x, ctx.full(old, x.shape, x.dtype))
-    return ctx.op("select", hit, ctx.full(new, x.shape, x.dtype), x)
-
-
-def _scale(ctx: LowerCtx, head_dim, scale, like):
-    if scale is not None:
-        return ctx.full(scale, like.shape, like.dtype)
-    if isinstance(head_dim, int):
-        return ctx.full(1.0 / math.sqrt(head_dim), like.shape, like.dtype)
-    return ctx.op("rsqrt", ctx.operand(head_dim, like.dtype, like.shape))
-
-
-def _repeat_heads(ctx: LowerCtx, t, heads):
-    """Grouped-query attention: repeat each of ``t``'s heads (dim -3) to make ``heads``."""
-    h = t.shape[-3]
-    if as_expr(h) == as_expr(heads):
-        return t
-    if not (isinstance(h, int) and isinstance(heads, int) and heads % h == 0):
-        raise UnsupportedError(f"grouped-query attention from {h} to {heads} heads")
-    lead, tail = t.shape[:-3], t.shape[-2:]
-    r = ctx.op(
-        "broadcast_in_dim",
-        t,
-        shape=(*lead, h, heads // h, *tail),
-        dims=(*range(len(lead)), len(lead), len(lead) + 2, len(lead) + 3),
-    )
-    return ctx.reshape(r, (*lead, heads, *tail))
-
-
-@lowering(aten._scaled_dot_product_flash_attention_for_cpu.default, partial="dropout_p > 0")
-def _sdpa_flash_cpu(ctx, q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
-    o, lse = _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale)
-    return _finish(ctx, o, 0), _finish(ctx, lse, 1)
-
-
-@lowering(
-    aten.scaled_dot_product_attention.default,
-    partial="dropout_p > 0; grouped-query heads that are symbolic or do not divide",
-)
-def _sdpa(
-    ctx, q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False
-):
-    return _finish(
-        ctx, _attention(ctx, q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa)[0]
-    )
 
 
 # --- dropout --------------------------------------------------------------------------------------
