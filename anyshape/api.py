@@ -237,7 +237,7 @@ class OptimizedModule(torch.nn.Module):
                 "grad, but what anyshape computes carries no gradient (autograd does not "
                 "see compiled code). Call it under torch.no_grad() or "
                 "torch.inference_mode(), or detach the inputs; for gradients use "
-                "torch.compile(model, backend='anyshape'), whose backward runs in PyTorch.",
+                "anyshape.optimize(model, example_inputs, training=True).",
                 stacklevel=_user_stacklevel(),
             )
 

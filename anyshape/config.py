@@ -42,6 +42,14 @@ class Options:
     min_cluster_ops: int = field(
         default=1, metadata={"help": "clusters with fewer compiled ops run in PyTorch instead"}
     )
+    partition: str = field(
+        default="min_cut",
+        metadata={
+            "help": "training: how AOTAutograd splits forward and backward; min_cut recomputes "
+            "views and cheap elementwise ops in the backward, default saves what it reads",
+            "choices": ("min_cut", "default"),
+        },
+    )
     threads: int = field(
         default=0,
         metadata={

@@ -37,6 +37,8 @@ PLUGIN = [
         "core ATen unless every op lowers as exported; guards kept",
     ),
     ("size rewrites", "anyshape.frontends.torch.size_rewrites:register_size_rewrites", "exact"),
+    ("dropout", "anyshape.frontends.torch.random_ops:seed_dropout", "training: a seeded hash"),
+    ("input sizes", "anyshape.plugin.sizes_from_inputs:read_sizes_from_inputs", "no size edges"),
     ("partition", "anyshape.plugin.partition:plan_partitions", "which FX nodes lower: clusters"),
     ("lower", "anyshape.frontends.torch.lowering:lower_cluster", "ATen -> IR, one rule table"),
     ("compile", "anyshape.pipelines:compile_graph", "passes, layouts, backend (below)"),
@@ -51,14 +53,29 @@ DYNAMO_CAPTURE = [
     ("each graph", "anyshape.plugin.dynamo_backend:compile_forward", "AOTAutograd, then PLUGIN"),
 ]
 
-# torch.compile(model, backend="anyshape"): Dynamo's graphs, forward compiled
+# torch.compile(model, backend="anyshape"): Dynamo's graphs, forward and backward compiled
 TORCH_COMPILE = [
     ("backend", "anyshape.plugin.dynamo_backend:anyshape_backend", "Dynamo hands over graphs"),
+    ("partition", "anyshape.plugin.dynamo_backend:partition_fn", "AOTAutograd: min-cut joint"),
     (
         "forward",
         "anyshape.plugin.dynamo_backend:compile_forward",
         "partition/lower/compile/assemble",
     ),
+    ("backward", "anyshape.plugin.dynamo_backend:compile_backward", "the same, on first use"),
+]
+
+# anyshape.optimize(model, examples, training=True): one forward and one backward
+TRAINING = [
+    (
+        "capture",
+        "anyshape.frontends.torch.capture:capture_export_for_training",
+        "torch.export, autograd on",
+    ),
+    ("joint", "anyshape.plugin.training:optimize_for_training", "AOTAutograd over export's dims"),
+    ("forward", "anyshape.plugin.compile:compile_graph", "as in PLUGIN, with the prologue"),
+    ("backward", "anyshape.plugin.dynamo_backend:compile_backward", "on the first backward"),
+    ("module", "anyshape.plugin.training:TrainingModule", "the model's parameters, live"),
 ]
 
 # anyshape.export / anyshape compile: one graph, nothing falls back, a portable library
@@ -99,6 +116,7 @@ PIPELINES = {
     "plugin": PLUGIN,
     "dynamo_capture": DYNAMO_CAPTURE,
     "torch_compile": TORCH_COMPILE,
+    "training": TRAINING,
     "standalone": STANDALONE,
     "onnx": ONNX,
     "compile": COMPILE,

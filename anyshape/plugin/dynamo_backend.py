@@ -104,6 +104,20 @@ def decomposition_table() -> dict:
     return without_ops(core_aten_decompositions(), _KEEP_FUSED)
 
 
+def partition_fn(options: Options):
+    """How AOTAutograd splits a joint graph into forward and backward (``partition`` option).
+
+    ``min_cut`` (as Inductor) recomputes views and cheap elementwise ops in the
+    backward and saves the fewest bytes; ``default`` saves what the backward reads,
+    so the forward materializes each weight's transpose as an output.
+    """
+    from torch._functorch import partitioners
+
+    if options.partition == "default":
+        return partitioners.default_partition
+    return partitioners.min_cut_rematerialization_partition
+
+
 def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
     """Compile a Dynamo graph with anyshape; ``options`` as for ``anyshape.optimize``."""
     opts = Options.from_env(**(options or {}))
@@ -111,6 +125,7 @@ def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
         fw_compiler=_make_forward_compiler(opts),
         bw_compiler=_make_backward_compiler(opts),
         decompositions=decomposition_table(),
+        partition_fn=partition_fn(opts),
     )
     return inner(gm, example_inputs)
 

@@ -30,7 +30,7 @@ from ..frontends.torch.capture import (
     widen_example,
 )
 from .compile import compile_graph
-from .dynamo_backend import compile_backward, decomposition_table
+from .dynamo_backend import compile_backward, decomposition_table, partition_fn
 
 
 class TrainingModule(torch.nn.Module):
@@ -78,6 +78,13 @@ class TrainingModule(torch.nn.Module):
             self.__dict__["_inference"] = self._compile_eval(args, kwargs)
             self.model.eval()
         return self._inference
+
+    def profile(self):
+        """Kernel timings of the forward and backward since the last call (``profile`` option)."""
+        from .profile import ProfileReport
+
+        clusters = [c for r in self.reports.values() for c in r.clusters]
+        return ProfileReport([t for c in clusters for t in c.compiled.read_profile()])
 
     def explain(self) -> str:
         from .explain import ExplainReport
@@ -157,6 +164,7 @@ def optimize_for_training(
             fw_compiler=fw_compiler,
             bw_compiler=bw_compiler,
             decompositions=decomposition_table(),
+            partition_fn=partition_fn(options),
         )
     except CaptureError:
         raise
