@@ -1,4 +1,5 @@
-"""The ``anyshape`` command line: ``bench`` runs the benchmarks in ``benchmarks/``;
+"""The ``anyshape`` command line: ``bench`` runs the benchmarks in ``benchmarks/``
+(``bench --training``: the training benchmark, ``benchmarks/training.py``);
 ``compile``, ``info`` and ``run`` make and use standalone artifacts
 (``standalone.commands``).
 
@@ -36,7 +37,9 @@ def parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmark anyshape against eager, torch.compile and ONNX Runtime",
         description="Run every backend on seeded request streams of different shapes, "
-        "interleaved per request, and write results.json, results.md and PNG plots.",
+        "interleaved per request, and write results.json, results.md and PNG plots. With "
+        "--training: every backend fine-tunes its own copy of one model on the same seeded "
+        "batches, interleaved per step; results.json and results.md.",
     )
     bench.add_argument("--quick", action="store_true", help="small configs and few requests")
     bench.add_argument("--out", default="bench-results", help="output folder (default %(default)s)")
@@ -57,9 +60,22 @@ def parser() -> argparse.ArgumentParser:
         "openvino_onnx and anyshape_onnx (anyshape's ONNX frontend), beside eager",
     )
     bench.add_argument(
+        "--training",
+        action="store_true",
+        help="training mode: each backend fine-tunes its own copy of BERT with AdamW on the "
+        "same batches, a step timed as forward, loss, backward and optimizer step; workloads: "
+        "bert; backends: eager, inductor_dynamic, anyshape (torch.compile), anyshape_optimize",
+    )
+    bench.add_argument(
+        "--dropout",
+        type=float,
+        help="training mode: dropout probability (default 0, so losses compare across backends)",
+    )
+    bench.add_argument(
         "--requests",
         type=int,
-        help=f"requests per workload (default {QUICK_REQUESTS} with --quick, else {FULL_REQUESTS})",
+        help=f"requests (training: steps) per workload (default {QUICK_REQUESTS} with --quick, "
+        f"else {FULL_REQUESTS})",
     )
     bench.add_argument("--seed", type=int, default=0, help="weights and request shapes")
     bench.add_argument(
@@ -68,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KIND=LO-HI,...",
         help="request-shape ranges per kind, e.g. text=1-8,8-256 (batch, sequence) or "
-        "image=1-4,160-224 (batch, pixels); repeatable",
+        "image=1-4,160-224 (batch, pixels); repeatable (training: text only, default "
+        "text=1-16,8-256)",
     )
     bench.add_argument(
         "--anyshape-backend", choices=["cpu", "interpreter"], default="cpu", help="default cpu"
@@ -104,6 +121,13 @@ def _import_benchmarks():
     return backends, report, runner, workloads
 
 
+def _import_training():
+    _import_benchmarks()  # (puts the checkout on sys.path when it has to)
+    from benchmarks import training
+
+    return training
+
+
 def _shape_ranges(text: str) -> tuple[str, list[tuple[int, int]]]:
     """``text=1-8,8-256`` -> ("text", [(1, 8), (8, 256)])."""
     kind, sep, spec = text.partition("=")
@@ -122,7 +146,36 @@ def _check(ap: argparse.ArgumentParser, kind: str, chosen: list[str], known) -> 
         ap.error(f"unknown {kind} {unknown}; choose from {', '.join(known)}")
 
 
+def _requests(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    requests = args.requests or (QUICK_REQUESTS if args.quick else FULL_REQUESTS)
+    if requests < 2:
+        ap.error("--requests must be at least 2 (the first call compiles)")
+    return requests
+
+
+def _ranges(ap: argparse.ArgumentParser, args: argparse.Namespace, kinds) -> dict:
+    try:
+        ranges = {kind: r for kind, r in map(_shape_ranges, args.shapes)}
+    except ValueError as e:
+        ap.error(str(e))
+    unknown_kinds = set(ranges) - set(kinds)
+    if unknown_kinds:
+        ap.error(f"--shapes: unknown kind(s) {sorted(unknown_kinds)}; one of {', '.join(kinds)}")
+    return ranges
+
+
+def _write(report, results: dict, out: str, t0: float) -> int:
+    paths = report.write(results, out)
+    print(report.table(results))
+    print(f"wrote {', '.join(str(p) for p in paths)} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
 def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    if args.training:
+        return bench_training(ap, args, command)
+    if args.dropout is not None:
+        ap.error("--dropout applies to the training mode (--training)")
     backends, report, runner, workloads = _import_benchmarks()
     known_backends = list(backends.backends())
     chosen_workloads = args.workloads or (
@@ -138,16 +191,8 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
     )
     _check(ap, "workloads", chosen_workloads, list(workloads.WORKLOADS))
     _check(ap, "backends", chosen_backends, known_backends)
-    requests = args.requests or (QUICK_REQUESTS if args.quick else FULL_REQUESTS)
-    if requests < 2:
-        ap.error("--requests must be at least 2 (the first call compiles)")
-    try:
-        ranges = {kind: r for kind, r in map(_shape_ranges, args.shapes)}
-    except ValueError as e:
-        ap.error(str(e))
-    unknown_kinds = set(ranges) - set(workloads.FULL_RANGES)
-    if unknown_kinds:
-        ap.error(f"--shapes: unknown kind(s) {sorted(unknown_kinds)}; one of text, image, rows")
+    requests = _requests(ap, args)
+    ranges = _ranges(ap, args, list(workloads.FULL_RANGES))
     settings = runner.Settings(
         workloads=chosen_workloads,
         backends=["eager", *[b for b in chosen_backends if b != "eager"]],
@@ -161,11 +206,42 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
         ranges=ranges,
     )
     t0 = time.perf_counter()
-    results = runner.run(settings, command)
-    paths = report.write(results, args.out)
-    print(report.table(results))
-    print(f"wrote {', '.join(str(p) for p in paths)} in {time.perf_counter() - t0:.0f} s")
-    return 0
+    return _write(report, runner.run(settings, command), args.out, t0)
+
+
+def bench_training(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
+    """``anyshape bench --training``: its own workloads and backends (``benchmarks/training.py``)."""
+    if args.onnx:
+        ap.error("--onnx is an inference mode; give --training or --onnx, not both")
+    if args.anyshape_backend != "cpu":
+        ap.error("--training compiles with anyshape's cpu backend; --anyshape-backend must be cpu")
+    training = _import_training()
+    workloads = args.workloads or list(training.WORKLOADS)
+    if workloads == ["all"]:
+        workloads = list(training.WORKLOADS)
+    chosen_backends = args.backends or list(training.backends())
+    _check(ap, "training workloads", workloads, list(training.WORKLOADS))
+    _check(ap, "training backends", chosen_backends, list(training.backends()))
+    dropout = 0.0 if args.dropout is None else args.dropout
+    if not 0.0 <= dropout < 1.0:
+        ap.error(f"--dropout {dropout}: expected 0 <= P < 1")
+    ranges = _ranges(ap, args, ["text"])
+    if "text" in ranges and len(ranges["text"]) != 2:
+        ap.error("--shapes text=...: expected two ranges, batch and sequence (text=1-16,8-256)")
+    settings = training.Settings(
+        workloads=workloads,
+        backends=["eager", *[b for b in chosen_backends if b != "eager"]],
+        requests=_requests(ap, args),
+        seed=args.seed,
+        quick=args.quick,
+        dropout=dropout,
+        fresh_caches=args.fresh_caches,
+        threads=args.threads,
+        progress=not args.no_progress,
+        ranges=ranges,
+    )
+    t0 = time.perf_counter()
+    return _write(training, training.run(settings, command), args.out, t0)
 
 
 def main(argv: list[str] | None = None) -> int:

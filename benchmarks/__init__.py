@@ -8,6 +8,7 @@ backends) and is driven by ``anyshape bench`` (``anyshape/cli.py``):
     probes.py      machine limits: peak fp32 GEMM GFLOP/s, copy bandwidth, CPU facts
     runner.py      one process, backends interleaved per request on the same inputs
     report.py      results.json, results.md and PNG plots
+    training.py    the training mode (bench --training): fine-tuning steps per backend
 """
 
 import sys
