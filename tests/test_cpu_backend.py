@@ -398,3 +398,33 @@ def test_few_row_gemms_through_onednn_match_torch_at_every_row_count():
     for rows in [1, 7, 8, 9, 16, 17, 63, 64, 65, 130]:
         x = torch.randn(rows, 48)
         torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_reduction_keeping_the_innermost_dim_runs_column_blocks_for_every_size():
+    """A sum over leading dims (a bias gradient) reads rows contiguously in blocks of
+    columns; every block size edge (0, 1, one short of a block, a block and one more)."""
+    from anyshape.codegen.cpu.reduce_emit import COLUMN_BLOCK
+    from anyshape.config import Options
+    from anyshape.ir import DType, GraphBuilder, SymExpr, TensorType
+    from anyshape.ir.constraints import ConstraintStore
+    from anyshape.pipelines import compile_graph
+
+    s = [SymExpr.symbol(f"s{i}") for i in range(3)]
+    store = ConstraintStore()
+    for i in range(3):
+        store.add_symbol(f"s{i}", 0, None)
+    b = GraphBuilder(store, name="column_sums")
+    x = b.input("x", TensorType(DType.f32, tuple(s)))
+    i = b.input("i", TensorType(DType.i64, (s[1], s[2])))
+    sums = b.op("reduce", b.op("mul", x, x), kind="sum", axes=(0, 1))
+    prods = b.op("reduce", i, kind="prod", axes=(0,))
+    compiled = compile_graph(b.build([sums, prods]), Options(backend="cpu", verify=True))
+    rng = np.random.default_rng(0)
+    for c in (0, 1, COLUMN_BLOCK - 1, COLUMN_BLOCK, COLUMN_BLOCK + 1, 3 * COLUMN_BLOCK + 5):
+        for rows in ((0, 3), (1, 1), (3, 17)):
+            a = rng.standard_normal((*rows, c)).astype(np.float32)
+            n = rng.integers(-2, 3, (rows[1], c))
+            got_sums, got_prods = compiled.executable([a, n], [])
+            want = (a.astype(np.float64) ** 2).sum((0, 1))
+            np.testing.assert_allclose(got_sums, want, rtol=1e-6, atol=1e-6)
+            np.testing.assert_array_equal(got_prods, n.prod(0))

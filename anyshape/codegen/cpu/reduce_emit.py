@@ -16,6 +16,7 @@ import numpy as np
 from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
+from ...ir.symbolic import as_dim, as_expr, floordiv
 from .ctypes_map import compute_type, literal
 from .expr import KernelScope
 from .loop_ir import Block, For, block, loop, stmt
@@ -109,9 +110,63 @@ def split_combine(kind: str, acc: str, part: str, nan: bool) -> str:
     )
 
 
+# Columns per block of a reduction that keeps the innermost dim (``_emit_column_reduce``).
+COLUMN_BLOCK = 64
+
+
+def _emit_column_reduce(scope: KernelScope, root: Node, kind: str, axes: tuple) -> list:
+    """A sum/prod over leading dims that keeps the innermost one (a bias gradient: [rows,
+    C] -> [C]), as blocks of ``COLUMN_BLOCK`` columns, each reading its rows in order.
+
+    One output at a time walked its column down the rows: a stride of a whole row
+    per element, a new page per read, and no vector lanes. Here each block keeps
+    an accumulator per column and reads every row's run of the block contiguously
+    (the inner loop vectorizes): BERT-base's [2295, 3072] bias gradient went from
+    42 ms to a memory-bound pass.
+    """
+    x = root.inputs[0]
+    c = root.shape[-1]
+    blocks = as_dim(floordiv(as_expr(c) + (COLUMN_BLOCK - 1), COLUMN_BLOCK))
+    out_names = tuple(loop_vars(root.rank))
+    close = nest_open(scope, (*root.shape[:-1], blocks), out_names, scope.dim(x.type.numel))
+    acc_t = acc_type(kind, x.dtype)
+    n_c = scope.dim(c)
+    col = "(c0 + j)"
+    idx, it = [], iter(out_names[:-1])
+    for d in range(x.rank):
+        idx.append(f"r{d}" if d in axes else (col if d == x.rank - 1 else next(it)))
+    head = [
+        stmt(f"const int64_t c0 = {out_names[-1]} * {COLUMN_BLOCK};", "c0"),
+        stmt(f"const int64_t cn = as_min64({n_c} - c0, {COLUMN_BLOCK});", "cn"),
+        stmt(f"{acc_t} acc[{COLUMN_BLOCK}];", "acc"),
+        loop(
+            For("j", "0", str(COLUMN_BLOCK)),
+            [stmt(f"acc[j] = {reduce_init(kind, x.dtype)};", "acc")],
+        ),
+    ]
+
+    def step():
+        return stmt(combine(kind, "acc[j]", scope.value(x, tuple(idx)), x.dtype), "acc")
+
+    body = [loop(For("j", "0", "cn"), statements(scope, step), ["#pragma omp simd"])]
+    for a in reversed(axes):
+        body = [loop(For(f"r{a}", "0", scope.dim(x.shape[a])), body)]
+    names = (*out_names[:-1], col)
+    tail = [loop(For("j", "0", "cn"), [store(scope, root, names, "acc[j]")])]
+    return close([*head, *body, *tail])
+
+
 def emit_reduce(scope: KernelScope, root: Node) -> list:
     x = root.inputs[0]
     kind, axes = root.attr("kind"), tuple(root.attr("axes"))
+    if (
+        kind in ("sum", "prod")
+        and not scope.split
+        and x.rank >= 2
+        and x.rank - 1 not in axes
+        and root.rank >= 1
+    ):
+        return _emit_column_reduce(scope, root, kind, axes)
     out_names = tuple(loop_vars(root.rank))
     work = scope.dim(x.type.numel)
     close = nest_open(scope, root.shape, out_names, work, "serial" if scope.split else "outer")
