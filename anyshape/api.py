@@ -17,7 +17,12 @@ from torch.nn.modules import module as _nn_module
 
 from .config import Options
 from .errors import AnyshapeError, CaptureError, InputError
-from .frontends.torch.examples import agrees_with_eager, split_inputs
+from .frontends.torch.examples import (
+    agrees_with_eager,
+    flatten_like,
+    split_inputs,
+    structure_error,
+)
 from .plugin.compile import CompileReport, compile_graph
 from .plugin.direct import FlatInputs, native_call, plan_direct
 from .plugin.explain import ExplainReport
@@ -243,21 +248,9 @@ class OptimizedModule(torch.nn.Module):
 
     def _check_structure(self, args, kwargs) -> None:
         """Inputs must have the example's structure, with a tensor at every leaf."""
-        import torch.fx._pytree as fx_pytree
-
-        args_spec, kwargs_spec = self._in_spec.children()
-        flat = None
-        if len(args) == args_spec.num_children and set(kwargs) == set(kwargs_spec.context):
-            try:
-                flat = fx_pytree.tree_flatten_spec((tuple(args), kwargs), self._in_spec)
-            except Exception:  # any structural mismatch; reported below
-                flat = None
+        flat = flatten_like(args, kwargs, self._in_spec)
         if flat is None or len(flat) != len(self._names):
-            raise InputError(
-                f"compiled {self._name} expects {len(self._names)} inputs "
-                f"({', '.join(self._names)}) structured like the example; got positional "
-                f"{[type(a).__name__ for a in args]} and keywords {sorted(kwargs)}"
-            )
+            raise structure_error(self._name, self._names, args, kwargs)
         for name, leaf, example in zip(self._names, flat, self._examples):
             if isinstance(example, torch.Tensor):
                 if not isinstance(leaf, torch.Tensor):

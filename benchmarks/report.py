@@ -44,8 +44,10 @@ def _num(value, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
 
-def _row(workload: str, r: dict, notes: list[str]) -> list[str]:
-    cells = [
+def time_cells(workload: str, r: dict) -> list[str]:
+    """A row's first cells: workload, backend, first call, total, median, p90, ratio,
+    recompiles (every kind of run has them)."""
+    return [
         workload,
         r["backend"],
         _num(r["compile_s"], ".2f"),
@@ -54,11 +56,22 @@ def _row(workload: str, r: dict, notes: list[str]) -> list[str]:
         _num(r["p90_ms"], ".3g"),
         _num(r["ratio_vs_eager"], ".2f"),
         _num(r["recompiles"], "d"),
+    ]
+
+
+def _row(workload: str, r: dict, notes: list[str]) -> list[str]:
+    cells = [
+        *time_cells(workload, r),
         _num(r["peak_rss_mb"], ".0f"),
         _num(r["rss_growth_mb"], ".0f"),
         _num(r["max_abs_err"], ".1e"),
         _num(r["fraction_of_limit"] and 100 * r["fraction_of_limit"], ".2g"),
     ]
+    return mark_failed(cells, workload, r, notes)
+
+
+def mark_failed(cells: list[str], workload: str, r: dict, notes: list[str]) -> list[str]:
+    """A failed backend's row: a numbered note in place of its timings."""
     if r["error"] is not None:
         notes.append(f"{workload} / {r['backend']}: {r['error']}")
         cells[3] = f"**failed** [{len(notes)}]"
@@ -66,16 +79,17 @@ def _row(workload: str, r: dict, notes: list[str]) -> list[str]:
     return cells
 
 
-def table(results: dict) -> str:
-    """The Markdown table of every workload x backend, with numbered failure notes."""
+def table(results: dict, columns: list[str] = COLUMNS, row=_row) -> str:
+    """The Markdown table of every workload x backend, with numbered failure notes;
+    ``columns`` and ``row(workload, result, notes)`` for another kind of run."""
     notes: list[str] = []
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for name, section in results["workloads"].items():
         if "error" in section:
             notes.append(f"{name}: could not be built: {section['error']}")
-            lines.append(f"| {name} | — | **failed** [{len(notes)}] |" + " |" * (len(COLUMNS) - 3))
+            lines.append(f"| {name} | — | **failed** [{len(notes)}] |" + " |" * (len(columns) - 3))
         for r in section["results"]:
-            cells = _row(name, r, notes)
+            cells = row(name, r, notes)
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     lines.append("")
     lines += [f"[{i}] {note.replace('|', '/')}  " for i, note in enumerate(notes, 1)]

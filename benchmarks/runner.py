@@ -184,20 +184,29 @@ def _step(track: Track, model, example, inputs, index: int, shape, bar, name: st
     return _call(track, model, example, inputs, index, shape)
 
 
+def timings(seconds: list[float], eager_seconds: list[float], failed: bool) -> dict:
+    """The time columns of a backend's summary: first call, total, steady-state median,
+    p90 and the median of its per-request ratios to eager."""
+    steady = seconds[WARMUP:]
+    ratios = [e / t for e, t in zip(eager_seconds[WARMUP:], steady)]
+    return {
+        "compile_s": seconds[0] if seconds else None,
+        "total_s": sum(seconds) if not failed else None,
+        "median_ms": statistics.median(steady) * 1e3 if steady else None,
+        "p90_ms": float(np.percentile(steady, 90)) * 1e3 if steady else None,
+        "ratio_vs_eager": statistics.median(ratios) if ratios else None,
+    }
+
+
 def _summary(track: Track, eager: Track, work: list, bound: str) -> dict:
     steady = track.seconds[WARMUP:]
-    ratios = [e / t for e, t in zip(eager.seconds[WARMUP:], steady)]
     rates = [w / t for w, t in zip(work[WARMUP:], steady) if w is not None]
     return {
         "backend": track.backend.name,
         "description": track.backend.description,
         "error": track.error,
         "requests_done": len(track.seconds),
-        "compile_s": track.seconds[0] if track.seconds else None,
-        "total_s": sum(track.seconds) if track.error is None else None,
-        "median_ms": statistics.median(steady) * 1e3 if steady else None,
-        "p90_ms": float(np.percentile(steady, 90)) * 1e3 if steady else None,
-        "ratio_vs_eager": statistics.median(ratios) if ratios else None,
+        **timings(track.seconds, eager.seconds, track.error is not None),
         "graphs_first_call": track.graphs_first_call,
         "recompiles": track.recompiles,
         "peak_rss_mb": track.rss_peak_kb / 1024 if track.seconds else None,

@@ -18,19 +18,18 @@ from __future__ import annotations
 import copy
 import json
 import math
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 
-from . import probes, workloads
-from .backends import Backend, _dynamo_graphs, _eager, _inductor
+from . import probes, report, workloads
+from .backends import Backend
+from .backends import backends as inference_backends
 from .report import _num
-from .runner import WARMUP, _count_compilations, _describe, _fresh_caches, _progress
+from .runner import _count_compilations, _describe, _fresh_caches, _progress, timings
 
 LR = 1e-5
 NUM_LABELS = 2
@@ -116,13 +115,8 @@ def backends() -> dict[str, Backend]:
     return {
         b.name: b
         for b in [
-            Backend("eager", "PyTorch eager", _eager, lambda: None),
-            Backend(
-                "inductor_dynamic",
-                "torch.compile(dynamic=True), Inductor",
-                _inductor(True),
-                _dynamo_graphs,
-            ),
+            inference_backends()["eager"],  # (both run a training step as they run a call)
+            inference_backends()["inductor_dynamic"],
             Backend(
                 "anyshape",
                 'torch.compile(backend="anyshape", dynamic=True)',
@@ -256,8 +250,6 @@ def _weight_diff(model: torch.nn.Module, ref: torch.nn.Module) -> float:
 
 
 def _summary(track: Track, eager: Track) -> dict:
-    steady = track.seconds[WARMUP:]
-    ratios = [e / t for e, t in zip(eager.seconds[WARMUP:], steady)]
     losses = [_relative(a, b) for a, b in zip(track.losses, eager.losses)]
     complete = track.error is None and eager.error is None
     return {
@@ -265,11 +257,7 @@ def _summary(track: Track, eager: Track) -> dict:
         "description": track.backend.description,
         "error": track.error,
         "steps_done": len(track.seconds),
-        "compile_s": track.seconds[0] if track.seconds else None,
-        "total_s": sum(track.seconds) if track.error is None else None,
-        "median_ms": statistics.median(steady) * 1e3 if steady else None,
-        "p90_ms": float(np.percentile(steady, 90)) * 1e3 if steady else None,
-        "ratio_vs_eager": statistics.median(ratios) if ratios else None,
+        **timings(track.seconds, eager.seconds, track.error is not None),
         "graphs_first_step": track.graphs_first_call,
         "recompiles": track.recompiles,
         "max_loss_rel_diff": max(losses) if losses else None,
@@ -319,38 +307,16 @@ def write(results: dict, out_dir: str | Path) -> list[Path]:
 
 def _row(workload: str, r: dict, notes: list[str]) -> list[str]:
     cells = [
-        workload,
-        r["backend"],
-        _num(r["compile_s"], ".2f"),
-        _num(r["total_s"], ".2f"),
-        _num(r["median_ms"], ".3g"),
-        _num(r["p90_ms"], ".3g"),
-        _num(r["ratio_vs_eager"], ".2f"),
-        _num(r["recompiles"], "d"),
+        *report.time_cells(workload, r),
         _num(r["max_loss_rel_diff"], ".1e"),
         _num(r["weight_rel_diff"], ".1e"),
     ]
-    if r["error"] is not None:
-        notes.append(f"{workload} / {r['backend']}: {r['error']}")
-        cells[3] = f"**failed** [{len(notes)}]"
-        cells[4:7] = ["—"] * 3
-    return cells
+    return report.mark_failed(cells, workload, r, notes)
 
 
 def table(results: dict) -> str:
     """The Markdown table of every workload x backend, with numbered failure notes."""
-    notes: list[str] = []
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    for name, section in results["workloads"].items():
-        if "error" in section:
-            notes.append(f"{name}: could not be built: {section['error']}")
-            lines.append(f"| {name} | — | **failed** [{len(notes)}] |" + " |" * (len(COLUMNS) - 3))
-        for r in section["results"]:
-            cells = _row(name, r, notes)
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines.append("")
-    lines += [f"[{i}] {note.replace('|', '/')}  " for i, note in enumerate(notes, 1)]
-    return "\n".join(lines).rstrip() + "\n"
+    return report.table(results, COLUMNS, _row)
 
 
 def header(results: dict) -> str:

@@ -29,6 +29,7 @@ from ..frontends.torch.capture import (
     needs_widening,
     widen_example,
 )
+from ..frontends.torch.examples import flatten_like, structure_error
 from .compile import compile_graph
 from .dynamo_backend import compile_backward, decomposition_table, partition_fn
 
@@ -53,13 +54,9 @@ class TrainingModule(torch.nn.Module):
     def forward(self, *args, **kwargs):
         if not self.training:
             return self._eval_module(args, kwargs)(*args, **kwargs)
-        flat = _flatten(args, kwargs, self._in_spec)
+        flat = flatten_like(args, kwargs, self._in_spec)
         if flat is None or len(flat) != len(self._names):
-            raise InputError(
-                f"compiled {self._name} expects {len(self._names)} inputs "
-                f"({', '.join(self._names)}) structured like the example; got positional "
-                f"{[type(a).__name__ for a in args]} and keywords {sorted(kwargs)}"
-            )
+            raise structure_error(self._name, self._names, args, kwargs)
         for name, v, grad in zip(self._names, flat, self._wants_grad):
             if _requires_grad(v) != grad:
                 raise InputError(
@@ -94,18 +91,6 @@ class TrainingModule(torch.nn.Module):
         )
 
 
-def _flatten(args, kwargs, spec) -> list | None:
-    import torch.fx._pytree as fx_pytree
-
-    args_spec, kwargs_spec = spec.children()
-    if len(args) != args_spec.num_children or set(kwargs) != set(kwargs_spec.context):
-        return None
-    try:
-        return fx_pytree.tree_flatten_spec((tuple(args), kwargs), spec)
-    except Exception:  # any structural mismatch; reported by the caller
-        return None
-
-
 def _requires_grad(v) -> bool:
     return isinstance(v, torch.Tensor) and v.requires_grad
 
@@ -136,7 +121,7 @@ def optimize_for_training(
     flat_gm = _flat_graph_module(unlifted)
     placeholders = [n for n in flat_gm.graph.nodes if n.op == "placeholder"]
     fakes = [n.meta["val"] for n in placeholders]
-    flat_example = _flatten(*given, unlifted._in_spec)
+    flat_example = flatten_like(*given, unlifted._in_spec)
     if flat_example is None or len(flat_example) != len(fakes):
         raise CaptureError(f"could not match the inputs of {type(model).__name__} to its graph")
     wants_grad = [_requires_grad(v) for v in flat_example]

@@ -49,3 +49,28 @@ def agrees_with_eager(model, gm, args, kwargs) -> bool:
             if not w.is_floating_point() and not torch.equal(g, w):
                 return False
     return True
+
+
+def flatten_like(args, kwargs, spec) -> list | None:
+    """A call's inputs flattened by the example's pytree ``spec`` (``(args, kwargs)``);
+    None when they are structured otherwise."""
+    import torch.fx._pytree as fx_pytree
+
+    args_spec, kwargs_spec = spec.children()
+    if len(args) != args_spec.num_children or set(kwargs) != set(kwargs_spec.context):
+        return None
+    try:
+        return fx_pytree.tree_flatten_spec((tuple(args), kwargs), spec)
+    except Exception:  # any structural mismatch; the caller reports it
+        return None
+
+
+def structure_error(what: str, names: list[str], args, kwargs):
+    """The ``InputError`` for a call whose inputs are not structured like the example's."""
+    from ...errors import InputError
+
+    return InputError(
+        f"compiled {what} expects {len(names)} inputs ({', '.join(names)}) structured like "
+        f"the example; got positional {[type(a).__name__ for a in args]} and keywords "
+        f"{sorted(kwargs)}"
+    )
