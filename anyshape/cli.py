@@ -164,6 +164,14 @@ def _ranges(ap: argparse.ArgumentParser, args: argparse.Namespace, kinds) -> dic
     return ranges
 
 
+def _workloads(ap, args, default: list[str], known: list[str], kind: str) -> list[str]:
+    """``--workloads`` as chosen (``all``: every known one), checked against ``known``."""
+    chosen = args.workloads or default
+    chosen = known if chosen == ["all"] else chosen
+    _check(ap, kind, chosen, known)
+    return chosen
+
+
 def _write(report, results: dict, out: str, t0: float) -> int:
     paths = report.write(results, out)
     print(report.table(results))
@@ -178,18 +186,14 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
         ap.error("--dropout applies to the training mode (--training)")
     backends, report, runner, workloads = _import_benchmarks()
     known_backends = list(backends.backends())
-    chosen_workloads = args.workloads or (
-        workloads.QUICK_WORKLOADS if args.quick else list(workloads.WORKLOADS)
-    )
-    if chosen_workloads == ["all"]:
-        chosen_workloads = list(workloads.WORKLOADS)
+    default = workloads.QUICK_WORKLOADS if args.quick else list(workloads.WORKLOADS)
+    chosen_workloads = _workloads(ap, args, default, list(workloads.WORKLOADS), "workloads")
     onnx_mode = ["onnxruntime", "openvino_onnx", "anyshape_onnx"]
     if args.onnx and args.backends:
         ap.error("--onnx picks the backends itself; give --backends or --onnx, not both")
     chosen_backends = args.backends or (
         onnx_mode if args.onnx else [b for b in known_backends if not b.endswith("_onnx")]
     )
-    _check(ap, "workloads", chosen_workloads, list(workloads.WORKLOADS))
     _check(ap, "backends", chosen_backends, known_backends)
     requests = _requests(ap, args)
     ranges = _ranges(ap, args, list(workloads.FULL_RANGES))
@@ -216,11 +220,9 @@ def bench_training(ap: argparse.ArgumentParser, args: argparse.Namespace, comman
     if args.anyshape_backend != "cpu":
         ap.error("--training compiles with anyshape's cpu backend; --anyshape-backend must be cpu")
     training = _import_training()
-    workloads = args.workloads or list(training.WORKLOADS)
-    if workloads == ["all"]:
-        workloads = list(training.WORKLOADS)
+    known = list(training.WORKLOADS)
+    workloads = _workloads(ap, args, known, known, "training workloads")
     chosen_backends = args.backends or list(training.backends())
-    _check(ap, "training workloads", workloads, list(training.WORKLOADS))
     _check(ap, "training backends", chosen_backends, list(training.backends()))
     dropout = 0.0 if args.dropout is None else args.dropout
     if not 0.0 <= dropout < 1.0:

@@ -106,11 +106,9 @@ def header(results: dict) -> str:
     )
     return "\n".join(
         [
-            f"Command: `{results['command']}`  ",
-            f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']} "
-            f"({m['torch_threads']} threads), onnxruntime {m['onnxruntime']}, "
-            f"openvino {m.get('openvino')}, "
-            f"load average {m['load_average']} at start, {m['load_average_end']} at end  ",
+            *command_and_machine(
+                results, f"onnxruntime {m['onnxruntime']}, openvino {m.get('openvino')}"
+            ),
             f"Limits: {limits}  ",
             f"Run: {s['requests']} requests per workload, seed {s['seed']}, "
             f"{'quick' if s['quick'] else 'full-size'} configs, anyshape backend "
@@ -118,6 +116,17 @@ def header(results: dict) -> str:
             f"caches, {results['wall_s']:.0f} s wall",
         ]
     )
+
+
+def command_and_machine(results: dict, software: str) -> list[str]:
+    """The header's first lines: the command, and the machine with ``software``'s versions."""
+    m = results["machine"]
+    return [
+        f"Command: `{results['command']}`  ",
+        f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']} "
+        f"({m['torch_threads']} threads), {software}, "
+        f"load average {m['load_average']} at start, {m['load_average_end']} at end  ",
+    ]
 
 
 def markdown(results: dict) -> str:

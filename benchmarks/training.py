@@ -324,10 +324,7 @@ def header(results: dict) -> str:
     ranges = s["ranges"].get("text") or RANGES
     return "\n".join(
         [
-            f"Command: `{results['command']}`  ",
-            f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']} "
-            f"({m['torch_threads']} threads), anyshape {m['anyshape']}, "
-            f"load average {m['load_average']} at start, {m['load_average_end']} at end  ",
+            *report.command_and_machine(results, f"anyshape {m['anyshape']}"),
             f"Run: {s['requests']} training steps per workload (AdamW fused, lr {s['lr']:g}), "
             f"batch {ranges[0][0]}-{ranges[0][1]} x sequence {ranges[1][0]}-{ranges[1][1]}, "
             f"seed {s['seed']}, {'quick' if s['quick'] else 'full-size'} configs, dropout "

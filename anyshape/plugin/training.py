@@ -23,7 +23,7 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..config import Options
-from ..errors import CaptureError, InputError, first_line
+from ..errors import AnyshapeError, CaptureError, InputError, first_line
 from ..frontends.torch.capture import (
     capture_export_for_training,
     needs_widening,
@@ -37,8 +37,12 @@ from .dynamo_backend import compile_backward, decomposition_table, partition_fn
 class TrainingModule(torch.nn.Module):
     """A model compiled for training: outputs carry gradients to the model's parameters."""
 
-    def __init__(self, model, step, in_spec, out_spec, names, compile_eval, name: str):
-        """``compile_eval(args, kwargs)``: the inference module for eval-mode calls."""
+    def __init__(
+        self, model, step, in_spec, out_spec, names, wants_grad, reports, compile_eval, name
+    ):
+        """``wants_grad``: per flat input, whether the backward was built to give it a
+        gradient; ``reports``: per graph, its CompileReport (filled as each compiles);
+        ``compile_eval(args, kwargs)``: the inference module for eval-mode calls."""
         super().__init__()
         self.model = model  # (a submodule: parameters(), state_dict(), train()/eval() reach it)
         self._step = step
@@ -48,8 +52,8 @@ class TrainingModule(torch.nn.Module):
         self._compile_eval = compile_eval
         self._name = name
         self._inference = None
-        self._wants_grad: list[bool] = []
-        self.reports = {}
+        self._wants_grad = wants_grad
+        self.reports = reports
 
     def forward(self, *args, **kwargs):
         if not self.training:
@@ -151,7 +155,7 @@ def optimize_for_training(
             decompositions=decomposition_table(),
             partition_fn=partition_fn(options),
         )
-    except CaptureError:
+    except AnyshapeError:  # (from compiling the forward: it says what failed)
         raise
     except Exception as e:  # torch raises many types while tracing the joint graph
         raise CaptureError(
@@ -159,15 +163,14 @@ def optimize_for_training(
             f"{first_line(e)}\n  Try torch.compile(model, backend='anyshape'), which runs "
             f"untraceable code in PyTorch and compiles the rest."
         ) from e
-    module = TrainingModule(
+    return TrainingModule(
         model,
         step,
         unlifted._in_spec,
         unlifted._out_spec,
         [n.name for n in placeholders],
+        wants_grad,
+        reports,
         compile_eval,
         type(model).__name__,
     )
-    module.reports = reports
-    module._wants_grad = wants_grad
-    return module

@@ -159,13 +159,7 @@ def _emit_column_reduce(scope: KernelScope, root: Node, kind: str, axes: tuple) 
 def emit_reduce(scope: KernelScope, root: Node) -> list:
     x = root.inputs[0]
     kind, axes = root.attr("kind"), tuple(root.attr("axes"))
-    if (
-        kind in ("sum", "prod")
-        and not scope.split
-        and x.rank >= 2
-        and x.rank - 1 not in axes
-        and root.rank >= 1
-    ):
+    if kind in ("sum", "prod") and axes and not scope.split and x.rank - 1 not in axes:
         return _emit_column_reduce(scope, root, kind, axes)
     out_names = tuple(loop_vars(root.rank))
     work = scope.dim(x.type.numel)

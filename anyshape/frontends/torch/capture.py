@@ -196,12 +196,7 @@ def capture_export_for_training(
     """torch.export with autograd on, not decomposed: the graph AOTAutograd differentiates
     (and decomposes) for ``plugin/training.py``; symbol ranges and guards as for inference."""
     ep = _export(model, args, kwargs, dynamic_shapes, grad=True)
-    ranges = {str(sym): (0, _finite_int(vr.upper)) for sym, vr in ep.range_constraints.items()}
-    gm = ep.module()
-    guards = export_guards(ep)
-    known = {str(g) for g in guards}
-    guards += [g for g in slice_size_guards(gm) if str(g) not in known]
-    return Captured(gm, ranges, ep, guards, decomposed=False)
+    return capture_program(ep, type(model).__name__, decompose=False)
 
 
 def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool = False):
@@ -226,8 +221,9 @@ def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool 
     return ep
 
 
-def capture_program(ep, name: str = "the program") -> Captured:
-    """An ExportedProgram's graph, symbol ranges and guards, in ATen anyshape lowers.
+def capture_program(ep, name: str = "the program", decompose: bool | None = None) -> Captured:
+    """An ExportedProgram's graph, symbol ranges and guards, in ATen anyshape lowers
+    (``decompose=False``: as exported, whatever its ops, for a caller that decomposes).
 
     When anyshape has a lowering for every op of the program as exported, it is
     lowered as it is; otherwise it is decomposed to core ATen first. Decomposing
@@ -235,7 +231,7 @@ def capture_program(ep, name: str = "the program") -> Captured:
     the ops as exported (``linear``, ``layer_norm``, ``gelu``, ``embedding``,
     ``scaled_dot_product_attention``) are the ones anyshape fuses best anyway.
     """
-    decomposed = not lowers_as_exported(ep.graph)
+    decomposed = not lowers_as_exported(ep.graph) if decompose is None else decompose
     if decomposed:
         ep = _decompose(ep, name)
     ranges = {}

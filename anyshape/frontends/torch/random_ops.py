@@ -18,6 +18,7 @@ mask bit for bit.
 
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -40,10 +41,7 @@ def _hash32_torch(x: torch.Tensor) -> torch.Tensor:
 
 def keep_mask_torch(shape, p: float, seed: torch.Tensor, stream: int) -> torch.Tensor:
     """The keep mask ``anyshape::dropout`` computes, in PyTorch ops."""
-    n = 1
-    for d in shape:
-        n *= int(d)
-    index = torch.arange(n, dtype=torch.int64).reshape(shape)
+    index = torch.arange(math.prod(shape), dtype=torch.int64).reshape(shape)
     key = _hash32_torch((seed.to(torch.int64) + stream * GOLDEN) & _M32)
     h = _hash32_torch(((index >> 32) ^ key) & _M32)
     h = _hash32_torch((index & _M32) ^ h)

@@ -25,14 +25,10 @@ from ....errors import UnsupportedError
 from ....ir.dtypes import DType
 from ....ir.symbolic import as_expr
 from ..lowering import LowerCtx, lowering
+from .nn import _finish
 from .reduce import acc_dtype, expand_back, reduce_axes
 
 aten = torch.ops.aten
-
-
-def _finish(ctx: LowerCtx, x, i: int | None = None):
-    out = ctx.out_type(i)
-    return ctx.reshape(ctx.cast(x, out.dtype), out.shape)
 
 
 def _swap_last(ctx: LowerCtx, t):

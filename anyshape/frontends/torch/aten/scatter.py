@@ -16,8 +16,9 @@ import torch
 from ....errors import UnsupportedError
 from ....ir.dtypes import DType
 from ....ir.graph import Node
-from ....ir.symbolic import SymExpr, as_dim, as_expr
+from ....ir.symbolic import SymExpr, as_dim, as_expr, shape_numel
 from ..lowering import LowerCtx, lowering, norm_dim
+from .indexing import _broadcast_shape
 from .shape import _slice_bounds
 
 aten = torch.ops.aten
@@ -71,11 +72,28 @@ def _wrapped(ctx: LowerCtx, i, size):
     return ctx.op("select", ctx.op("lt", i, zero), ctx.op("add", i, n), i)
 
 
-def _prod(dims):
-    p = as_expr(1)
-    for d in dims:
-        p = p * as_expr(d)
-    return as_dim(p)
+def _linear_index(ctx: LowerCtx, parts, sizes, shape):
+    """The row-major linear index, of ``shape``, of per-dim i64 indices ``parts`` into
+    dims ``sizes`` (None: that dim's own position, an iota, always in range). An entry
+    whose index is outside its dim is made the total, past the end, so ``scatter``
+    raises instead of writing into the next row (with one dim, ``scatter``'s own check
+    is that check)."""
+    linear, stride, bad = None, as_expr(1), None
+    for d in reversed(range(len(parts))):
+        i, size = parts[d], sizes[d]
+        if i is None:
+            i = ctx.op("iota", shape=shape, dim=d, dtype=DType.i64)
+        elif len(parts) > 1:
+            n = ctx.operand(size, DType.i64, shape)
+            out = ctx.op("or", ctx.op("lt", i, ctx.full(0, shape, DType.i64)), ctx.op("ge", i, n))
+            bad = out if bad is None else ctx.op("or", bad, out)
+        if stride != 1:
+            i = ctx.op("mul", i, ctx.operand(as_dim(stride), DType.i64, shape))
+        linear = i if linear is None else ctx.op("add", linear, i)
+        stride = stride * as_expr(size)
+    if bad is not None:
+        linear = ctx.op("select", bad, ctx.operand(as_dim(stride), DType.i64, shape), linear)
+    return linear
 
 
 @lowering(aten.index_put.default, aten._unsafe_index_put.default, partial="boolean-mask indices")
@@ -87,28 +105,11 @@ def _index_put(ctx, x, indices, values, accumulate=False):
     pos = [k for k, i in enumerate(indices) if i is not None]
     if not pos:
         raise UnsupportedError("index_put without an index tensor")
-    from .indexing import _broadcast_shape
-
     idx_shape = _broadcast_shape([indices[k].shape for k in pos])
     rest = [k for k in range(x.rank) if k not in pos]
-    linear, stride = None, as_expr(1)
-    for k in reversed(pos):
-        i = _wrapped(ctx, ctx.broadcast_to(indices[k], idx_shape), x.shape[k])
-        if stride != 1:
-            i = ctx.op("mul", i, ctx.operand(as_dim(stride), DType.i64, idx_shape))
-        linear = i if linear is None else ctx.op("add", linear, i)
-        stride = stride * as_expr(x.shape[k])
-    if len(pos) > 1:  # a linear index past the end of its dim must still raise
-        bad = None
-        for k in pos:
-            i = _wrapped(ctx, ctx.broadcast_to(indices[k], idx_shape), x.shape[k])
-            n = ctx.operand(x.shape[k], DType.i64, idx_shape)
-            out = ctx.op(
-                "or", ctx.op("lt", i, ctx.full(0, idx_shape, DType.i64)), ctx.op("ge", i, n)
-            )
-            bad = out if bad is None else ctx.op("or", bad, out)
-        big = ctx.operand(_prod([x.shape[k] for k in pos]), DType.i64, idx_shape)
-        linear = ctx.op("select", bad, big, linear)
+    sizes = [x.shape[k] for k in pos]
+    parts = [_wrapped(ctx, ctx.broadcast_to(indices[k], idx_shape), x.shape[k]) for k in pos]
+    linear = _linear_index(ctx, parts, sizes, idx_shape)
     # The indexed block of x[indices], as torch shapes it: in place of the indexed dims when
     # they are adjacent, in front otherwise. Moved to the front for the scatter.
     adjacent = pos == list(range(pos[0], pos[-1] + 1))
@@ -126,8 +127,7 @@ def _index_put(ctx, x, indices, values, accumulate=False):
         shape = (*idx_shape, *(x.shape[k] for k in rest))
         v = ctx.broadcast_to(ctx.cast(values, x.dtype), shape)
     xt = ctx.transpose(x, pos + rest)
-    flat = _prod([x.shape[k] for k in pos])
-    xf = ctx.reshape(xt, (flat, *(x.shape[k] for k in rest)))
+    xf = ctx.reshape(xt, (shape_numel(sizes), *(x.shape[k] for k in rest)))
     mode = "add" if accumulate else "set"
     y = ctx.op("scatter", xf, linear, v, axis=0, mode=mode)
     y = ctx.reshape(y, xt.shape)
@@ -147,28 +147,14 @@ def _scatter_along(ctx: LowerCtx, x, dim, index, src, mode: str):
     for d in range(x.rank):
         if d != dim:  # (eager checks the same: index.size(d) <= self.size(d))
             ctx.b.constraints.guard_le(shape[d], x.shape[d], f"scatter index dim {d}")
-    linear, stride = None, as_expr(1)
-    for d in reversed(range(x.rank)):
-        if d == dim:
-            i = _wrapped(ctx, index, x.shape[d])
-        else:
-            i = ctx.op("iota", shape=shape, dim=d, dtype=DType.i64)
-        if stride != 1:
-            i = ctx.op("mul", i, ctx.operand(as_dim(stride), DType.i64, shape))
-        linear = i if linear is None else ctx.op("add", linear, i)
-        stride = stride * as_expr(x.shape[d])
-    if x.rank > 1:  # an index past the end of its dim must raise, not land in the next row
-        n = ctx.operand(x.shape[dim], DType.i64, shape)
-        i = _wrapped(ctx, index, x.shape[dim])
-        bad = ctx.op("or", ctx.op("lt", i, ctx.full(0, shape, DType.i64)), ctx.op("ge", i, n))
-        linear = ctx.op("select", bad, ctx.operand(as_dim(stride), DType.i64, shape), linear)
+    parts = [_wrapped(ctx, index, x.shape[d]) if d == dim else None for d in range(x.rank)]
+    linear = _linear_index(ctx, parts, x.shape, shape)
     if isinstance(src, Node):  # (eager reads src's leading block, the index's shape)
         upd = ctx.op("slice", src, start=(0,) * x.rank, limit=shape, stride=(1,) * x.rank)
         upd = ctx.cast(upd, x.dtype)
     else:
         upd = ctx.operand(src, x.dtype, shape)
-    total = _prod(x.shape)
-    y = ctx.op("scatter", ctx.reshape(x, (total,)), linear, upd, axis=0, mode=mode)
+    y = ctx.op("scatter", ctx.reshape(x, (shape_numel(x.shape),)), linear, upd, axis=0, mode=mode)
     return ctx.reshape(y, x.shape)
 
 
