@@ -19,12 +19,20 @@ blocks and small CNNs; needs only the ``onnx`` package)::
     module = anyshape.onnx.compile("model.onnx")   # any shape its dims allow
     outputs = module(*numpy_arrays)                 # or by input name
 
+StableHLO (text from ``jax.export``, torch-mlir or TensorFlow; needs ``jaxlib``)::
+
+    module = anyshape.stablehlo.compile("model.mlir")      # or the text itself
+    f = anyshape.jax.compile(jax.export.export(jax.jit(fn))(*specs))
+    text = anyshape.to_stablehlo(model, example_inputs)    # a torch model, as StableHLO
+
 The core (``ir``, ``passes``, ``runtime``) needs only NumPy; torch is imported
 lazily by the functions that need it.
 """
 
 from .errors import AnyshapeError, ArtifactError, CaptureError, InputError, UnsupportedError
 from .frontends.onnx import api as onnx  # anyshape.onnx.compile(model): the ONNX frontend
+from .frontends.stablehlo import api as stablehlo  # anyshape.stablehlo.compile(text)
+from .frontends.stablehlo import jax_api as jax  # anyshape.jax.compile(exported)
 from .stats import reset_stats, stats
 from .version import __version__ as __version__
 
@@ -37,11 +45,14 @@ __all__ = [
     "explain",
     "export",
     "include_dir",
+    "jax",
     "load",
     "onnx",
     "optimize",
     "reset_stats",
+    "stablehlo",
     "stats",
+    "to_stablehlo",
 ]
 
 
@@ -78,3 +89,10 @@ def include_dir() -> str:
     import os
 
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime")
+
+
+def to_stablehlo(model, example_inputs, **kwargs) -> str:
+    """A torch model as StableHLO text with ``?`` dims; see ``anyshape.standalone.stablehlo``."""
+    from .standalone.stablehlo import to_stablehlo as _to_stablehlo
+
+    return _to_stablehlo(model, example_inputs, **kwargs)

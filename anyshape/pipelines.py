@@ -95,6 +95,14 @@ ONNX = [
     ("call", "anyshape.frontends.onnx.compile:OnnxModule", "inputs by position or name"),
 ]
 
+# anyshape.stablehlo.compile(text) / anyshape.jax.compile(exported): one graph, nothing falls back
+STABLEHLO = [
+    ("read", "anyshape.frontends.stablehlo.reader:read_program", "jaxlib's MLIR bindings parse"),
+    ("lower", "anyshape.frontends.stablehlo.lower:lower_program", "calls inlined; shapes folded"),
+    ("compile", "anyshape.pipelines:compile_graph", "as every mode, built for this process"),
+    ("call", "anyshape.frontends.stablehlo.compile:StableHLOModule", "inputs by position or name"),
+]
+
 # compile_graph: the same for every mode
 COMPILE = [
     ("passes", "anyshape.passes.pipeline:run_pipeline", "canonical shapes, simplify; layouts"),
@@ -119,6 +127,7 @@ PIPELINES = {
     "training": TRAINING,
     "standalone": STANDALONE,
     "onnx": ONNX,
+    "stablehlo": STABLEHLO,
     "compile": COMPILE,
     "cpu_backend": CPU_BACKEND,
 }

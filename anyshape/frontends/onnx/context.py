@@ -2,23 +2,11 @@
 
 Sits between the driver (``lower.py``) and the rule families
 (``elementwise.py``, ``shape_ops.py``, ``nn_ops.py``). Each ONNX value is a
-``Value``: its dtype and shape, and up to three forms of its contents:
-
-- ``node``: the IR node computing it (built on first use for the other forms);
-- ``const``: a NumPy array when the value is known at compile time (weights,
-  ``Constant``, anything folded from constants);
-- ``known``: for an integer tensor of rank 0 or 1, its elements as dims
-  (``int | SymExpr``). ``Shape`` produces one, and ``Gather``, ``Concat``,
-  ``Slice``, ``Unsqueeze``, ``Squeeze``, ``Cast`` and integer arithmetic fold it,
-  so shape computations (``Shape -> Gather -> Concat -> Reshape``) become
-  symbolic dims at lowering time and never tensor code.
-
-Broadcasting policy (NumPy rules, per dim, right-aligned): a dim that is
-statically 1 takes the other; equal dims (proved by the constraint store) stay;
-two different symbolic dims (or a symbolic and a static one) are *guarded* equal
-(``ConstraintStore.guard_eq``: checked in every call's prologue, then assumed),
-so the compiled graph never broadcasts a symbolic dim that happens to be 1 at
-run time. A call that breaks a guard gets an ``InputError`` naming the dims.
+shared ``frontends/values.Value`` (IR node, constant, or known vector of
+symbolic dims: ``Shape -> Gather -> Concat -> Reshape`` folds into symbolic dims
+and never becomes tensor code), lowered under the shared broadcasting policy
+(``values.ValueLowering``). ``LowerCtx`` adds ONNX's reads of compile-time
+values: a shape, axes or starts given as a graph input need that input's value.
 
 ``Rule`` registration: ``rule("Add", first=7)`` records a function
 ``fn(ctx, onnx_node, inputs) -> list[Value]`` for opsets ``first..last`` in the
@@ -27,62 +15,21 @@ family's ``RULES`` list; ``rules.py`` gathers the families into one table.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...errors import UnsupportedError
-from ...ir.dtypes import DType
-from ...ir.graph import GraphBuilder, Node
-from ...ir.symbolic import SymExpr, as_dim, as_expr, sym_max
 from ...ir.types import TensorType
-from ..building import IRBuilding
+from ..values import Dim, Value, ValueLowering, clamp_nonneg
 
-Dim = int | SymExpr
+__all__ = ["Dim", "LowerCtx", "NeedsInputValue", "Value", "clamp_nonneg", "norm_axis"]
 # The newest opset the rules were checked against. Versions 23-28 of the ops
 # here add element types (float4/8, int2/4...) or attributes for those types
 # only (Cast's round_mode for float8e8m0, Range's stash_type for 16-bit floats);
 # the reader refuses those element types, so the rules' semantics hold.
 LAST_OPSET = 28
-
-
-@dataclass
-class Value:
-    """One ONNX value: dtype, shape and the forms of its contents we have."""
-
-    dtype: DType
-    shape: tuple
-    node: Node | None = None
-    const: np.ndarray | None = None
-    known: tuple | None = None
-    param_name: str | None = None  # the weight's name, when the constant is an initializer
-    input_name: str | None = None  # the graph input's name, when the value is one
-
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
-
-    @staticmethod
-    def of_node(node: Node) -> Value:
-        return Value(node.dtype, tuple(node.shape), node=node)
-
-    @staticmethod
-    def of_const(array: np.ndarray) -> Value:
-        array = np.asarray(array)
-        known = None
-        if array.ndim <= 1 and array.dtype.kind in "iu":
-            known = tuple(int(v) for v in array.reshape(-1))
-        return Value(DType.from_numpy(array.dtype), tuple(array.shape), const=array, known=known)
-
-    @staticmethod
-    def of_known(dims: Sequence, dtype: DType = DType.i64, scalar: bool = False) -> Value:
-        """An integer vector (or scalar) of dims; constant when every dim is an int."""
-        dims = tuple(as_dim(d) for d in dims)
-        if all(isinstance(d, int) for d in dims):
-            arr = np.array(dims, dtype=dtype.to_numpy())
-            return Value.of_const(arr.reshape(()) if scalar else arr)
-        return Value(dtype, () if scalar else (len(dims),), known=dims)
 
 
 class NeedsInputValue(UnsupportedError):
@@ -145,52 +92,10 @@ class OnnxNodeView:
         return f"node {self.name!r} ({self.op_type}, opset {self.opset})"
 
 
-class LowerCtx(IRBuilding):
-    """The builder plus ONNX-flavoured helpers (materializing values, broadcasting...)."""
+class LowerCtx(ValueLowering):
+    """The shared value lowering plus ONNX's reads of compile-time values."""
 
-    def __init__(self, builder: GraphBuilder):
-        self.b = builder
-        self._consts = 0
-
-    # --- values -------------------------------------------------------------
-    def node(self, v: Value) -> Node:
-        """The IR node of ``v``, built from its constant or known form if needed."""
-        if v.node is not None:
-            return v.node
-        if v.const is not None:
-            v.node = self.const_node(v.const, v.param_name)
-        elif v.known is not None:
-            v.node = self.known_node(v.known, v.dtype, scalar=v.rank == 0)
-        else:
-            raise UnsupportedError("a value with no contents (an anyshape bug)")
-        return v.node
-
-    def const_node(self, array: np.ndarray, name: str | None = None) -> Node:
-        """A constant as IR: a broadcast literal when uniform, else a named weight."""
-        array = np.asarray(array)
-        dtype = DType.from_numpy(array.dtype)
-        flat = array.reshape(-1)
-        if flat.size == 0 or bool(np.all(flat == flat[0])):
-            return self.full(flat[0].item() if flat.size else 0, array.shape, dtype)
-        if name is None or name in self.b.params:
-            self._consts += 1
-            name = f"onnx_const_{self._consts}"
-        return self.b.param(name, np.ascontiguousarray(array))
-
-    def known_node(self, dims: Sequence, dtype: DType, scalar: bool = False) -> Node:
-        parts = [self.scalar(d, dtype) for d in dims]
-        if scalar:
-            return parts[0]
-        if not parts:
-            return self.full(0, (0,), dtype)
-        parts = [self.reshape(p, (1,)) for p in parts]
-        return parts[0] if len(parts) == 1 else self.op("concatenate", *parts, axis=0)
-
-    def scalar(self, d: Dim, dtype: DType) -> Node:
-        d = as_dim(d)
-        if isinstance(d, int):
-            return self.b.constant(d, dtype)
-        return self.op("shape_scalar", expr=d, dtype=dtype)
+    const_prefix = "onnx_const_"
 
     @staticmethod
     def const_of(v: Value, what: str) -> np.ndarray:
@@ -216,68 +121,6 @@ class LowerCtx(IRBuilding):
             "here it depends on tensor data"
         )
 
-    # --- building blocks ---------------------------------------------------
-    def broadcast_shape(self, shapes: Sequence[Sequence], what: str) -> tuple:
-        """The NumPy broadcast of ``shapes`` under the policy in the module docstring."""
-        rank = max((len(s) for s in shapes), default=0)
-        out = []
-        store = self.b.constraints
-        for i in range(rank):
-            dims = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
-            result: Dim = 1
-            for d in dims:
-                d = as_dim(d)
-                if isinstance(d, int) and d == 1:
-                    continue
-                if isinstance(result, int) and result == 1:
-                    result = d
-                    continue
-                if store.prove_eq(result, d):
-                    continue
-                if isinstance(result, int) and isinstance(d, int):
-                    raise UnsupportedError(f"{what}: cannot broadcast dims {result} and {d}")
-                try:
-                    store.guard_eq(result, d, f"{what}: broadcast dim {i}")
-                except ValueError as e:
-                    raise UnsupportedError(str(e)) from None
-                if isinstance(d, int) or (isinstance(result, SymExpr) and _simpler(d, result)):
-                    result = d
-            out.append(result)
-        return tuple(out)
-
-    def broadcast_all(self, nodes: Sequence[Node], what: str) -> list[Node]:
-        shape = self.broadcast_shape([n.shape for n in nodes], what)
-        return [self.broadcast_to(n, shape) for n in nodes]
-
-    def reduce(self, x: Node, kind: str, axes: Sequence[int]) -> Node:
-        axes = tuple(sorted(axes))
-        return self.op("reduce", x, kind=kind, axes=axes) if axes else x
-
-    def expand_back(self, r: Node, shape: Sequence, axes: Sequence[int]) -> Node:
-        """A reduction result (``axes`` dropped) broadcast back over ``shape``."""
-        if not axes:
-            return r
-        kept = tuple(i for i in range(len(shape)) if i not in axes)
-        return self.op("broadcast_in_dim", r, shape=tuple(shape), dims=kept)
-
-    def mean(self, x: Node, axes: Sequence[int]) -> Node:
-        s = self.reduce(x, "sum", axes)
-        n = as_expr(1)
-        for a in axes:
-            n = n * as_expr(x.shape[a])
-        count = self.cast(self.scalar(as_dim(n), DType.i64), x.dtype)
-        return self.op("div", s, self.broadcast_to(count, s.shape))
-
-    def keep_dims(self, r: Node, shape: Sequence, axes: Sequence[int]) -> Node:
-        """A reduction result reshaped with each reduced axis kept as 1."""
-        return self.reshape(r, [1 if i in axes else d for i, d in enumerate(shape)])
-
-
-def _simpler(a, b) -> bool:
-    """Whether symbolic dim ``a`` makes a better representative than ``b`` (a symbol)."""
-    a, b = as_expr(a), as_expr(b)
-    return a.is_symbol and not b.is_symbol
-
 
 def norm_axis(axis: int, rank: int, what: str) -> int:
     """An ONNX axis (negative counts from the end) as 0..rank-1."""
@@ -285,16 +128,6 @@ def norm_axis(axis: int, rank: int, what: str) -> int:
     if not -r <= int(axis) < r:
         raise UnsupportedError(f"{what}: axis {axis} out of range for rank {rank}")
     return int(axis) % r
-
-
-def clamp_nonneg(e) -> Dim:
-    """``max(e, 0)`` for a dim expression, simplified when the sign is known."""
-    e = as_expr(e)
-    if e.is_constant:
-        return max(e.constant_value, 0)
-    if e.nonneg:
-        return as_dim(e)
-    return as_dim(sym_max(e, as_expr(0)))
 
 
 def tensor_type(v: Value) -> TensorType:

@@ -43,7 +43,7 @@ from ...ir.graph import GraphBuilder
 from ...ir.symbolic import format_dim
 from ...ir.types import TensorType
 from ...runtime.binder import arrange_inputs
-from .compile import as_input_array
+from ..program_module import as_input_array
 from .context import LowerCtx, NeedsInputValue, OnnxNodeView, Value
 from .dims import DimNamer
 from .lower import ir_name, lower_node, needed_nodes, outer_reads

@@ -1,0 +1,316 @@
+"""StableHLO's data-movement and shape ops: one rule family of the StableHLO frontend.
+
+Sits under ``lower.py`` beside ``elementwise.py`` and ``compute_ops.py``:
+constants, ``get_dimension_size``, reshapes, broadcasts, iotas, concatenation,
+slices, pads, transposes, reverses, and ``custom_call @shape_assertion``. The
+dynamic forms (``dynamic_reshape``, ``dynamic_broadcast_in_dim``,
+``dynamic_iota``, ``real_dynamic_slice``, ``dynamic_pad``) read their shape
+operands as known dims. ``dynamic_slice`` and ``dynamic_update_slice`` take
+start indices computed from dims as slice bounds, and start indices read from
+tensor data as a gather (or a scatter) of the clamped window, as StableHLO
+clamps them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import UnsupportedError
+from ...ir.dtypes import DType
+from ...ir.graph import Node
+from ...ir.symbolic import as_dim, as_expr, sym_max, sym_min
+from ..values import Value
+from .context import LowerCtx, OpView, dense_array, rule
+
+
+@rule("stablehlo.constant", "arith.constant")
+def _constant(ctx: LowerCtx, op: OpView) -> list[Value]:
+    array = dense_array(op.attr("value"), op.program) if op.name != "arith.constant" else None
+    if array is None:
+        a = op.attr("value")
+        dtype, dims = op.result_type()
+        array = _arith_constant(a, dtype, dims, op)
+    return [Value.of_const(array)]
+
+
+def _arith_constant(a, dtype: DType, dims: tuple, op: OpView) -> np.ndarray:
+    text = str(a)
+    if text.startswith("dense"):
+        return dense_array(a, op.program)
+    value = text.split(":")[0].strip()
+    if dtype.is_bool:
+        return np.array(value == "true")
+    number = float(value) if dtype.is_float else int(value)
+    return np.full(dims, number, dtype=dtype.to_numpy())
+
+
+@rule("stablehlo.get_dimension_size", "tensor.dim")
+def _dimension_size(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x = op.operands[0]
+    if op.name == "tensor.dim":
+        (dim,) = ctx.known_of(op.operands[1], "tensor.dim's index")
+    else:
+        dim = op.int_attr("dimension")
+    if not isinstance(as_dim(dim), int) or not 0 <= dim < x.rank:
+        raise UnsupportedError(f"dimension {dim} of a rank-{x.rank} tensor")
+    return [Value.of_known((x.shape[dim],), op.result_dtype(), scalar=True)]
+
+
+@rule("stablehlo.custom_call")
+def _custom_call(ctx: LowerCtx, op: OpView) -> list[Value]:
+    target = op.string("call_target_name")
+    if target == "shape_assertion":
+        _assert_shapes(ctx, op)
+        return []
+    if target == "Sharding" and len(op.operands) == 1:
+        return [op.operands[0]]
+    raise UnsupportedError(f"custom_call @{target} is not supported")
+
+
+def _assert_shapes(ctx: LowerCtx, op: OpView) -> None:
+    pred = op.operands[0]
+    message = op.string("error_message", "shape assertion")
+    message = message.split(" Using the following")[0].split(" Please see")[0]
+    if pred.const is not None:
+        if not bool(np.all(pred.const)):
+            raise UnsupportedError(f"a shape assertion that always fails: {message}")
+        return
+    if pred.fact is None:
+        raise UnsupportedError(
+            "a shape_assertion whose predicate depends on tensor data (only comparisons of "
+            "dims are checked in the prologue)"
+        )
+    direction, a, b = pred.fact
+    store = ctx.b.constraints
+    if direction == "EQ":
+        store.guard_eq(a, b, message)
+    elif direction in ("GE", "GT", "LE", "LT"):
+        lo, hi = (b, a) if direction in ("GE", "GT") else (a, b)
+        if direction in ("GT", "LT"):
+            lo = lo + 1
+        if hi.is_symbol and lo.is_constant:
+            store.add_symbol(hi.symbol_name, lo=lo.constant_value)
+        store.guard_le(lo, hi, message)
+    else:
+        raise UnsupportedError(f"a shape assertion of {direction} is not supported")
+
+
+@rule("stablehlo.reshape", "stablehlo.dynamic_reshape")
+def _reshape(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x = op.operands[0]
+    if op.name == "stablehlo.dynamic_reshape":
+        shape = ctx.known_of(op.operands[1], "dynamic_reshape's output shape")
+    else:
+        shape = op.static_result_shape()
+    dims = x.known
+    if dims is None and x.const is not None and x.const.size <= 64:
+        if x.const.dtype.kind in "iu":
+            dims = tuple(int(v) for v in x.const.reshape(-1))
+        else:
+            return [Value.of_const(x.const.reshape(shape))]
+    if dims is not None and len(shape) <= 1:
+        return [Value.of_known(dims, x.dtype, scalar=len(shape) == 0)]
+    return [Value.of_node(ctx.reshape(ctx.node(x), shape))]
+
+
+@rule("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim")
+def _broadcast_in_dim(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x = op.operands[0]
+    if op.name == "stablehlo.dynamic_broadcast_in_dim":
+        shape = ctx.known_of(op.operands[1], "dynamic_broadcast_in_dim's output shape")
+    else:
+        shape = op.static_result_shape()
+    dims = op.ints("broadcast_dimensions")
+    if x.known is not None and len(shape) == 1 and x.rank <= 1 and isinstance(shape[0], int):
+        if len(x.known) == shape[0]:
+            return [Value.of_known(x.known, x.dtype)]
+        if len(x.known) == 1:
+            return [Value.of_known(x.known * shape[0], x.dtype)]
+    return [Value.of_node(broadcast_in_dim(ctx, ctx.node(x), shape, dims))]
+
+
+def broadcast_in_dim(ctx: LowerCtx, x: Node, shape, dims) -> Node:
+    """StableHLO's broadcast_in_dim: ``dims`` may be in any order (a transpose first)."""
+    dims = tuple(dims)
+    if len(dims) != x.rank:
+        raise UnsupportedError(f"broadcast_dimensions {list(dims)} for a rank-{x.rank} operand")
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    x = ctx.transpose(x, order)
+    dims = tuple(dims[i] for i in order)
+    shape = tuple(as_dim(d) for d in shape)
+    if tuple(x.shape) == shape and dims == tuple(range(len(shape))):
+        return x
+    return ctx.op("broadcast_in_dim", x, shape=shape, dims=dims)
+
+
+@rule("stablehlo.broadcast")
+def _broadcast(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x = ctx.node(op.operands[0])
+    sizes = op.ints("broadcast_sizes")
+    shape = tuple(sizes) + tuple(x.shape)
+    return [Value.of_node(broadcast_in_dim(ctx, x, shape, range(len(sizes), len(shape))))]
+
+
+@rule("stablehlo.iota", "stablehlo.dynamic_iota")
+def _iota(ctx: LowerCtx, op: OpView) -> list[Value]:
+    if op.name == "stablehlo.dynamic_iota":
+        shape = ctx.known_of(op.operands[0], "dynamic_iota's output shape")
+    else:
+        shape = op.static_result_shape()
+    dim = op.int_attr("iota_dimension")
+    return [Value.of_node(ctx.op("iota", shape=tuple(shape), dim=dim, dtype=op.result_dtype()))]
+
+
+@rule("stablehlo.concatenate")
+def _concatenate(ctx: LowerCtx, op: OpView) -> list[Value]:
+    axis = op.int_attr("dimension")
+    parts = op.operands
+    if axis == 0 and all(v.rank == 1 for v in parts):
+        known = [_known(v) for v in parts]
+        if all(k is not None for k in known):
+            return [Value.of_known(sum(known, ()), op.result_dtype())]
+    nodes = [ctx.node(v) for v in parts]
+    return [
+        Value.of_node(nodes[0] if len(nodes) == 1 else ctx.op("concatenate", *nodes, axis=axis))
+    ]
+
+
+def _known(v: Value) -> tuple | None:
+    if v.known is not None:
+        return v.known
+    if v.const is not None and v.const.dtype.kind in "iu" and v.const.ndim <= 1:
+        return tuple(int(x) for x in v.const.reshape(-1))
+    return None
+
+
+@rule("stablehlo.slice", "stablehlo.real_dynamic_slice")
+def _slice(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x = op.operands[0]
+    if op.name == "stablehlo.real_dynamic_slice":
+        start, limit, stride = (
+            ctx.known_of(v, f"real_dynamic_slice's {what}")
+            for v, what in zip(op.operands[1:], ("start", "limit", "strides"))
+        )
+    else:
+        start, limit = op.ints("start_indices"), op.ints("limit_indices")
+        stride = op.ints("strides", (1,) * x.rank)
+    known = _known(x)
+    if known is not None and x.rank == 1 and all(isinstance(as_dim(s), int) for s in stride):
+        return [Value.of_known(known[start[0] : limit[0] : stride[0]], x.dtype)]
+    node = ctx.node(x)
+    if tuple(start) == (0,) * x.rank and tuple(stride) == (1,) * x.rank:
+        if all(as_expr(e) == as_expr(d) for e, d in zip(limit, x.shape)):
+            return [Value.of_node(node)]
+    return [Value.of_node(ctx.op("slice", node, start=start, limit=limit, stride=stride))]
+
+
+@rule("stablehlo.transpose")
+def _transpose(ctx: LowerCtx, op: OpView) -> list[Value]:
+    perm = op.ints("permutation")
+    return [Value.of_node(ctx.transpose(ctx.node(op.operands[0]), perm))]
+
+
+@rule("stablehlo.pad", "stablehlo.dynamic_pad")
+def _pad(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x, value = op.operands[:2]
+    if op.name == "stablehlo.dynamic_pad":
+        low, high, interior = (
+            ctx.known_of(v, f"dynamic_pad's {what}")
+            for v, what in zip(op.operands[2:], ("low", "high", "interior"))
+        )
+    else:
+        low, high = op.ints("edge_padding_low"), op.ints("edge_padding_high")
+        interior = op.ints("interior_padding", (0,) * len(low))
+    if any(as_dim(i) != 0 for i in interior):
+        raise UnsupportedError("interior padding is not supported")
+    node, v = ctx.node(x), ctx.node(value)
+    if all(as_dim(lo) == 0 for lo in low) and all(as_dim(hi) == 0 for hi in high):
+        return [Value.of_node(node)]
+    return [Value.of_node(ctx.op("pad", node, v, low=tuple(low), high=tuple(high)))]
+
+
+@rule("stablehlo.reverse")
+def _reverse(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x = ctx.node(op.operands[0])
+    for axis in op.ints("dimensions"):
+        n = x.shape[axis]
+        last = ctx.scalar(as_dim(as_expr(n) - 1), DType.i64)
+        idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
+        idx = ctx.op("sub", ctx.broadcast_to(last, (n,)), idx)
+        x = ctx.op("gather", x, idx, axis=axis)
+    return [Value.of_node(x)]
+
+
+@rule("stablehlo.optimization_barrier")
+def _barrier(ctx: LowerCtx, op: OpView) -> list[Value]:
+    return list(op.operands)
+
+
+def _clamped_start(ctx: LowerCtx, start: Value, dim, size) -> tuple:
+    """A start index clamped to ``[0, dim - size]``: a dim when known, else an i64 node."""
+    k = _known(start) if start.rank == 0 else None
+    hi = as_expr(dim) - as_expr(size)
+    if k is not None:
+        s = as_expr(k[0])
+        if s.is_constant and s.constant_value <= 0:
+            return as_dim(0), None
+        return as_dim(sym_max(sym_min(s, hi), as_expr(0))), None
+    node = ctx.cast(ctx.node(start), DType.i64)
+    node = ctx.op("min", node, ctx.scalar(as_dim(hi), DType.i64))
+    node = ctx.op("max", node, ctx.const(0, DType.i64))
+    return None, node
+
+
+@rule("stablehlo.dynamic_slice")
+def _dynamic_slice(ctx: LowerCtx, op: OpView) -> list[Value]:
+    x = ctx.node(op.operands[0])
+    sizes = op.ints("slice_sizes")
+    starts = [_clamped_start(ctx, s, d, n) for s, d, n in zip(op.operands[1:], x.shape, sizes)]
+    start = [s if s is not None else 0 for s, _ in starts]
+    limit = [
+        as_dim(as_expr(s) + n) if s is not None else d
+        for (s, _), n, d in zip(starts, sizes, x.shape)
+    ]
+    if any(as_dim(a) != 0 or as_expr(b) != as_expr(d) for a, b, d in zip(start, limit, x.shape)):
+        x = ctx.op("slice", x, start=tuple(start), limit=tuple(limit), stride=(1,) * x.rank)
+    for axis, ((_, node), n) in enumerate(zip(starts, sizes)):
+        if node is None:
+            continue
+        idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
+        idx = ctx.op("add", idx, ctx.broadcast_to(node, (n,)))
+        x = ctx.op("gather", x, idx, axis=axis)
+    return [Value.of_node(x)]
+
+
+@rule("stablehlo.dynamic_update_slice")
+def _dynamic_update_slice(ctx: LowerCtx, op: OpView) -> list[Value]:
+    base, update = ctx.node(op.operands[0]), ctx.node(op.operands[1])
+    starts = [
+        _clamped_start(ctx, s, d, n) for s, d, n in zip(op.operands[2:], base.shape, update.shape)
+    ]
+    if all(node is None for _, node in starts):
+        low = tuple(s for s, _ in starts)
+        high = tuple(
+            as_dim(as_expr(d) - as_expr(s) - as_expr(n))
+            for (s, _), d, n in zip(starts, base.shape, update.shape)
+        )
+        padded = ctx.op("pad", update, ctx.const(0, update.dtype), low=low, high=high)
+        ones = ctx.full(True, update.shape, DType.b8)
+        mask = ctx.op("pad", ones, ctx.const(False, DType.b8), low=low, high=high)
+        return [Value.of_node(ctx.op("select", mask, padded, base))]
+    moving = [i for i, (_, node) in enumerate(starts) if node is not None]
+    full = [
+        i
+        for i in range(base.rank)
+        if i not in moving and as_expr(update.shape[i]) == as_expr(base.shape[i])
+    ]
+    if len(moving) != 1 or len(full) != base.rank - 1:
+        raise UnsupportedError(
+            "a dynamic_update_slice with start indices read from tensor data along more than "
+            "one dim, or not covering the other dims whole"
+        )
+    (axis,) = moving
+    n = update.shape[axis]
+    idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
+    idx = ctx.op("add", idx, ctx.broadcast_to(starts[axis][1], (n,)))
+    return [Value.of_node(ctx.op("scatter", base, idx, update, axis=axis, mode="set"))]
