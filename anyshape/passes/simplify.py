@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..config import Options
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
+from ..ir.types import TensorType
 from .rewrite import graph_rewrite
 
 
@@ -85,11 +86,31 @@ def _broadcast_identity(node: Node) -> Node | None:
     return None
 
 
+def _broadcast_of_unit_dims(node: Node) -> Node | None:
+    """``broadcast_in_dim`` of an operand whose static size-1 dims are expanded: those dims
+    dropped from the operand first (a reshape, a view), so a reduction's result that was
+    reshaped to keep its reduced dim reaches the broadcast as the reduction itself."""
+    src = node.inputs[0]
+    dims, shape = node.attr("dims"), node.shape
+    drop = [i for i, d in enumerate(dims) if src.shape[i] == 1 and shape[d] != 1]
+    if not drop:
+        return None
+    kept = [i for i in range(src.rank) if i not in drop]
+    inner_type = TensorType(src.dtype, tuple(src.shape[i] for i in kept))
+    inner = Node("reshape", (src,), (("shape", inner_type.shape),), inner_type)
+    if src.op == "reshape":
+        inner = _reshape_of_view(inner)
+        if inner.type == inner.inputs[0].type:
+            inner = inner.inputs[0]
+    attrs = tuple(sorted({"dims": tuple(dims[i] for i in kept), "shape": shape}.items()))
+    return Node("broadcast_in_dim", (inner,), attrs, node.type)
+
+
 RULES = {
     "convert": [_same_type_noop, _convert_of_convert],
     "reshape": [_same_type_noop, _reshape_of_view],
     "transpose": [_transpose_identity, _transpose_of_transpose],
-    "broadcast_in_dim": [_broadcast_identity],
+    "broadcast_in_dim": [_broadcast_identity, _broadcast_of_unit_dims],
 }
 
 

@@ -56,9 +56,16 @@ class OpView:
         self.program = program
 
     def describe(self) -> str:
+        """The op's name, with the producer's name for it and its first source line."""
         loc = str(self.op.location)
-        where = f" at {loc[4:-1]}" if loc.startswith("loc(") and "unknown" not in loc else ""
-        return f"{self.name}{where}"
+        bits = []
+        name = re.match(r'loc\("([^"]+)"\(', loc)
+        if name:
+            bits.append(name.group(1))
+        src = re.search(r'"([^"]+)":(\d+)', loc)
+        if src and not src.group(1).startswith("<"):
+            bits.append(f"{src.group(1).rsplit('/', 1)[-1]}:{src.group(2)}")
+        return f"{self.name} ({', '.join(bits)})" if bits else self.name
 
     # --- results ----------------------------------------------------------
     @property

@@ -183,25 +183,124 @@ def _known(v: Value) -> tuple | None:
     return None
 
 
-@rule("stablehlo.slice", "stablehlo.real_dynamic_slice")
+@rule("stablehlo.slice")
 def _slice(ctx: LowerCtx, op: OpView) -> list[Value]:
     x = op.operands[0]
-    if op.name == "stablehlo.real_dynamic_slice":
-        start, limit, stride = (
-            ctx.known_of(v, f"real_dynamic_slice's {what}")
-            for v, what in zip(op.operands[1:], ("start", "limit", "strides"))
-        )
-    else:
-        start, limit = op.ints("start_indices"), op.ints("limit_indices")
-        stride = op.ints("strides", (1,) * x.rank)
+    start, limit = op.ints("start_indices"), op.ints("limit_indices")
+    stride = op.ints("strides", (1,) * x.rank)
     known = _known(x)
-    if known is not None and x.rank == 1 and all(isinstance(as_dim(s), int) for s in stride):
+    if known is not None and x.rank == 1:
         return [Value.of_known(known[start[0] : limit[0] : stride[0]], x.dtype)]
-    node = ctx.node(x)
-    if tuple(start) == (0,) * x.rank and tuple(stride) == (1,) * x.rank:
-        if all(as_expr(e) == as_expr(d) for e, d in zip(limit, x.shape)):
-            return [Value.of_node(node)]
-    return [Value.of_node(ctx.op("slice", node, start=start, limit=limit, stride=stride))]
+    return [Value.of_node(_static_slice(ctx, ctx.node(x), start, limit, stride))]
+
+
+def _static_slice(ctx: LowerCtx, node: Node, start, limit, stride) -> Node:
+    if tuple(as_dim(s) for s in start) == (0,) * node.rank and tuple(stride) == (1,) * node.rank:
+        if all(as_expr(e) == as_expr(d) for e, d in zip(limit, node.shape)):
+            return node
+    return ctx.op("slice", node, start=tuple(start), limit=tuple(limit), stride=tuple(stride))
+
+
+@rule("stablehlo.real_dynamic_slice")
+def _real_dynamic_slice(ctx: LowerCtx, op: OpView) -> list[Value]:
+    """Bounds known as dims: a slice. A start read from tensor data (jax's dynamic_slice
+    with symbolic shapes clamps it in tensor code) along a dim of declared static size:
+    a gather of that window."""
+    x = ctx.node(op.operands[0])
+    starts, limits, strides = (vector_elements(ctx, v, x.rank) for v in op.operands[1:])
+    _, declared = op.result_type()
+    start, limit, stride, moving = [], [], [], []
+    for d in range(x.rank):
+        s, e, k = starts[d], limits[d], strides[d]
+        if isinstance(s, Node) or isinstance(e, Node):
+            if declared[d] is None or k != 1:
+                raise UnsupportedError(
+                    f"dim {d}: bounds read from tensor data and a result size that is not static"
+                )
+            moving.append((d, s, declared[d]))
+            start.append(0)
+            limit.append(x.shape[d])
+            stride.append(1)
+        elif isinstance(k, Node) or not isinstance(as_dim(k), int):
+            raise UnsupportedError(f"dim {d}: a stride that is not a constant")
+        else:
+            start.append(s)
+            limit.append(e)
+            stride.append(k)
+    out = _static_slice(ctx, x, start, limit, stride)
+    for d, s, n in moving:
+        at = s if isinstance(s, Node) else ctx.scalar(s, DType.i64)
+        hi = ctx.scalar(as_dim(as_expr(x.shape[d]) - n), DType.i64)
+        at = ctx.op("max", ctx.op("min", ctx.cast(at, DType.i64), hi), ctx.const(0, DType.i64))
+        idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
+        out = ctx.op("gather", out, ctx.op("add", idx, ctx.broadcast_to(at, (n,))), axis=d)
+    return [Value.of_node(out)]
+
+
+def vector_elements(ctx: LowerCtx, v: Value, n: int) -> list:
+    """The elements of a rank-1 integer vector: dims where they are known, else scalar nodes.
+
+    A vector built from scalars, constants and elementwise arithmetic on such vectors
+    (jax clamps a slice's start vector so) keeps its known elements.
+    """
+    known = _known(v)
+    if known is not None:
+        return list(known)
+    node = ctx.node(v)
+    out = _elements_of(ctx, node)
+    return out if out is not None else [_element(ctx, node, i) for i in range(n)]
+
+
+def _element(ctx: LowerCtx, node: Node, i: int) -> Node:
+    return ctx.reshape(ctx.op("slice", node, start=(i,), limit=(i + 1,), stride=(1,)), ())
+
+
+_ELEMENT_OPS = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "max": lambda a, b: sym_max(a, b),
+    "min": lambda a, b: sym_min(a, b),
+}
+
+
+def _elements_of(ctx: LowerCtx, node: Node) -> list | None:
+    if node.rank != 1 or not isinstance(as_dim(node.shape[0]), int) or node.shape[0] > 16:
+        return None
+    if node.op == "concatenate":
+        out = []
+        for part in node.inputs:
+            got = _elements_of(ctx, part)
+            if got is None:
+                return None
+            out.extend(got)
+        return out
+    if node.op in ("reshape", "broadcast_in_dim") and node.inputs[0].rank == 0:
+        return [_scalar_dim(node.inputs[0])] * node.shape[0]
+    if node.op == "param" and node.attr("name") in ctx.b.params:
+        return [int(x) for x in ctx.b.params[node.attr("name")].reshape(-1)]
+    if node.op in _ELEMENT_OPS and node.dtype.is_int:
+        a, b = (_elements_of(ctx, x) for x in node.inputs)
+        if a is None or b is None:
+            return None
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            if isinstance(x, Node) or isinstance(y, Node):
+                out.append(_element(ctx, node, i))
+            else:
+                out.append(as_dim(_ELEMENT_OPS[node.op](as_expr(x), as_expr(y))))
+        return out
+    return None
+
+
+def _scalar_dim(x: Node):
+    while x.op == "convert" and x.dtype.is_int:
+        x = x.inputs[0]
+    if x.op == "shape_scalar":
+        return x.attr("expr")
+    if x.op == "constant" and isinstance(x.attr("value"), int):
+        return x.attr("value")
+    return x
 
 
 @rule("stablehlo.transpose")
