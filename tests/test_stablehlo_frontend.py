@@ -14,7 +14,7 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-import jax_models  # noqa: E402
+from benchmarks import jax_models  # noqa: E402
 
 import anyshape  # noqa: E402
 from anyshape.errors import InputError, UnsupportedError  # noqa: E402

@@ -1,7 +1,8 @@
 """The standalone-mode commands of the ``anyshape`` CLI: compile, explain, info, run.
 
 Sits on top of standalone mode; ``anyshape.cli`` dispatches here. ``compile``
-reads an ONNX model (needs ``onnx``) or a saved ExportedProgram (needs torch);
+reads an ONNX model (needs ``onnx``), StableHLO text (needs ``jaxlib``) or a
+saved ExportedProgram (needs torch);
 ``explain`` reports on an ONNX model; ``info`` and ``run`` need only NumPy.
 """
 
@@ -19,12 +20,16 @@ from ..ir.symbolic import parse_expr
 def add_parsers(sub) -> None:
     comp = sub.add_parser(
         "compile",
-        help="compile an ONNX model (.onnx) or a saved ExportedProgram (.pt2) into an artifact",
-        description="Read an ONNX model, or a program saved with torch.export.save, and "
+        help="compile an ONNX model (.onnx), StableHLO text (.mlir) or a saved ExportedProgram "
+        "(.pt2) into an artifact",
+        description="Read an ONNX model, StableHLO/MHLO text (jax.export, torch-mlir), or a "
+        "program saved with torch.export.save, and "
         "compile every op of it into one artifact that runs any shape its dynamic dims "
         "allow, without PyTorch or ONNX Runtime.",
     )
-    comp.add_argument("model", help="a .onnx model, or a .pt2 file from torch.export.save")
+    comp.add_argument(
+        "model", help="a .onnx model, a .mlir StableHLO module, or a .pt2 from torch.export.save"
+    )
     comp.add_argument("-o", "--output", required=True, help="the artifact file to write")
     comp.add_argument(
         "--target",
@@ -69,7 +74,17 @@ def _is_onnx(path: str) -> bool:
     return path.lower().endswith(".onnx")
 
 
+def _is_stablehlo(path: str) -> bool:
+    return path.lower().endswith((".mlir", ".stablehlo", ".mhlo"))
+
+
 def compile_cmd(args) -> int:
+    if _is_stablehlo(args.model):
+        from ..frontends.stablehlo.api import export as export_stablehlo
+
+        t0 = time.perf_counter()
+        artifact = export_stablehlo(args.model, target=args.target)
+        return _wrote(artifact, args.output, t0)
     if _is_onnx(args.model):
         from ..frontends.onnx.export import export
 

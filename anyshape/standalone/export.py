@@ -117,6 +117,13 @@ def _agrees_with_eager(artifact: Artifact, model, args, kwargs) -> bool:
 
 
 def _build(captured, options: Options, target: str, model_name: str) -> Artifact:
+    graph, names = lower_whole_graph(captured, model_name)
+    return artifact_of_graph(graph, options, target, model_name, names)
+
+
+def lower_whole_graph(captured, model_name: str) -> tuple[Graph, list[str]]:
+    """A captured program as one IR graph and its output names; an op anyshape cannot
+    lower is an error naming it (nothing may fall back)."""
     import torch
 
     from ..frontends.torch.lowering import lower_cluster
@@ -155,8 +162,7 @@ def _build(captured, options: Options, target: str, model_name: str) -> Artifact
         outputs=flat_out,
         guards=captured.guards,
     )
-    names = _output_names(gm, len(flat_out))
-    return artifact_of_graph(lowered.graph, options, target, model_name, names)
+    return lowered.graph, _output_names(gm, len(flat_out))
 
 
 def artifact_of_graph(

@@ -1,4 +1,6 @@
-"""JAX functions with random weights, exported with symbolic shapes: the StableHLO tests' models.
+"""JAX functions with random weights, exported with symbolic shapes (tests and benchmarks).
+
+Used by `tests/test_stablehlo_frontend.py` and `benchmarks/stablehlo.py`.
 
 Each builder returns ``(fn, specs, shapes)``: the function, its
 ``jax.ShapeDtypeStruct`` arguments with symbolic dims, and a list of concrete
