@@ -321,6 +321,14 @@ def _gather(ctx: LowerCtx, op: OpView) -> list[Value]:
         sizes = op.ints("slice_sizes")
     start_map, collapsed = list(dn.start_index_map), list(dn.collapsed_slice_dims)
     offset_dims = list(dn.offset_dims)
+    every = list(range(x.rank))
+    if (
+        not offset_dims
+        and not list(dn.operand_batching_dims)
+        and sorted(collapsed) == every == sorted(start_map)
+        and len(start_map) > 1
+    ):
+        return [Value.of_node(_point_gather(ctx, x, idx, start_map, dn.index_vector_dim))]
     if list(dn.operand_batching_dims) or len(start_map) != 1 or collapsed != start_map:
         raise UnsupportedError(
             "a gather other than whole slices along one indexed axis "
@@ -340,6 +348,34 @@ def _gather(ctx: LowerCtx, op: OpView) -> list[Value]:
     for p in range(out.rank):
         perm.append(next(oi) if p in offset_dims else next(bi))
     return [Value.of_node(ctx.transpose(out, perm))]
+
+
+def _point_gather(ctx: LowerCtx, x: Node, idx: Node, start_map, ivd: int) -> Node:
+    """One element per index vector (every operand dim indexed): a gather from the
+    flattened operand at the linear index of the clamped components."""
+    if ivd == idx.rank:
+        raise UnsupportedError("a gather of every dim with scalar indices")
+    perm = [d for d in range(idx.rank) if d != ivd] + [ivd]
+    idx = ctx.transpose(idx, perm)
+    batch = idx.shape[:-1]
+    lin = None
+    for k, a in enumerate(start_map):
+        comp = ctx.op(
+            "slice",
+            idx,
+            start=(0,) * (idx.rank - 1) + (k,),
+            limit=tuple(idx.shape[:-1]) + (k + 1,),
+            stride=(1,) * idx.rank,
+        )
+        comp = _clamped_indices(ctx, ctx.reshape(comp, batch), x.shape[a])
+        stride = shape_numel(x.shape[a + 1 :])
+        if as_dim(stride) != 1:
+            comp = ctx.op(
+                "mul", comp, ctx.broadcast_to(ctx.scalar(as_dim(stride), DType.i64), batch)
+            )
+        lin = comp if lin is None else ctx.op("add", lin, comp)
+    flat = ctx.reshape(x, (as_dim(shape_numel(x.shape)),))
+    return ctx.op("gather", flat, lin, axis=0)
 
 
 @rule("stablehlo.scatter")

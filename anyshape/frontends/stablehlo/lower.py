@@ -149,6 +149,8 @@ def name_symbols(program: Program, names: list[str]) -> dict[tuple[int, int], Sy
         if name == "stablehlo.get_dimension_size" and o.operands[0] in arg_index:
             dim = int(str(o.attributes["dimension"]).split(":")[0])
             dim_of[o.results[0]] = (arg_index[o.operands[0]], dim)
+        elif name == "stablehlo.convert" and o.operands[0] in dim_of:
+            dim_of[o.results[0]] = dim_of[o.operands[0]]  # the size as another integer type
         elif name == "stablehlo.compare" and "EQ" in str(o.attributes["comparison_direction"]):
             a, b = (dim_of.get(x) for x in o.operands)
             if a is not None and b is not None:
@@ -158,6 +160,7 @@ def name_symbols(program: Program, names: list[str]) -> dict[tuple[int, int], Sy
             if pair is not None:
                 ra, rb = find(pair[0]), find(pair[1])
                 if ra != rb:
+                    ra, rb = min(ra, rb), max(ra, rb)  # the first input's dim names the class
                     parent[rb] = ra
         elif name == "func.call":
             callee = program.functions.get(str(o.attributes["callee"]).lstrip("@"))
