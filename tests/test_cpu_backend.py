@@ -428,3 +428,23 @@ def test_reduction_keeping_the_innermost_dim_runs_column_blocks_for_every_size()
             want = (a.astype(np.float64) ** 2).sum((0, 1))
             np.testing.assert_allclose(got_sums, want, rtol=1e-6, atol=1e-6)
             np.testing.assert_array_equal(got_prods, n.prod(0))
+
+
+def test_channels_last_convolution_with_groups_is_refused_not_miscomputed():
+    # The channels-last kernel (im2col + one GEMM per image) has no groups: a graph with
+    # such a convolution (a frontend reading NHWC) gets an error naming it.
+    from anyshape.config import Options
+    from anyshape.errors import UnsupportedError
+    from anyshape.ir.dtypes import DType
+    from anyshape.ir.graph import GraphBuilder
+    from anyshape.ir.symbolic import SymExpr
+    from anyshape.ir.types import TensorType
+    from anyshape.pipelines import compile_graph
+
+    b = GraphBuilder()
+    x = b.input("x", TensorType(DType.f32, (SymExpr.symbol("n"), 6, 7, 4)))
+    k = b.param("k", np.ones((6, 2, 3, 3), np.float32))
+    conv = dict(stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=2, channels_last=True)
+    graph = b.build([b.op("convolution", x, k, **conv)])
+    with pytest.raises(UnsupportedError, match="channels-last convolution with 2 groups"):
+        compile_graph(graph, Options(backend="cpu"))

@@ -14,10 +14,9 @@ import pytest
 
 jax = pytest.importorskip("jax")
 
-from benchmarks import jax_models  # noqa: E402
-
 import anyshape  # noqa: E402
 from anyshape.errors import InputError, UnsupportedError  # noqa: E402
+from benchmarks import jax_models  # noqa: E402
 
 
 @pytest.mark.parametrize("name", sorted(jax_models.MODELS))

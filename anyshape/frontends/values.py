@@ -94,6 +94,10 @@ class ValueLowering(IRBuilding):
             v.node = self.const_node(v.const, v.param_name)
         elif v.known is not None:
             v.node = self.known_node(v.known, v.dtype, scalar=v.rank == 0)
+        elif v.fact is not None:  # a comparison of dims, computed at run time
+            direction, a, b = v.fact
+            x, y = self.scalar(a, DType.i64), self.scalar(b, DType.i64)
+            v.node = self.op(direction.lower(), x, y)
         else:
             raise UnsupportedError("a value with no contents (an anyshape bug)")
         return v.node
@@ -103,7 +107,10 @@ class ValueLowering(IRBuilding):
         array = np.asarray(array)
         dtype = DType.from_numpy(array.dtype)
         flat = array.reshape(-1)
-        if flat.size == 0 or bool(np.all(flat == flat[0])):
+        uniform = flat.size == 0 or bool(np.all(flat == flat[0]))
+        if not uniform and flat.dtype.kind == "f":
+            uniform = bool(np.all(np.isnan(flat)))  # NaN != NaN: a NaN fill is uniform too
+        if uniform:
             return self.full(flat[0].item() if flat.size else 0, array.shape, dtype)
         if name is None or name in self.b.params:
             self._consts += 1

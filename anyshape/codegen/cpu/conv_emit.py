@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...errors import UnsupportedError
 from ...ir.graph import Node
 from ...ir.symbolic import shape_numel
 from . import pool_emit
@@ -169,6 +170,11 @@ def _conv_channels_last(c: _Conv, epilogue: list | None) -> list:
     per image, a column matrix of one row per output position, its columns each input
     channel's taps in turn (the order of the [O, C, KH, KW] weights), times the weights
     transposed. A 1x1 kernel with unit stride and no padding reads the image in place."""
+    if c.groups != 1 or len(c.kernel) != 2:
+        raise UnsupportedError(
+            f"a channels-last convolution with {c.groups} groups over {len(c.kernel)} spatial "
+            "dims: the CPU backend's channels-last kernel is 2-D without groups"
+        )
     t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
     (h, w), (_, ow) = c.ins, c.outs
     lines = []

@@ -258,7 +258,8 @@ def _convolution(ctx: LowerCtx, op: OpView) -> list[Value]:
         kernel = ctx.node(Value.of_const(np.ascontiguousarray(np.transpose(w.const, kperm))))
     else:
         kernel = ctx.transpose(ctx.node(w), kperm)
-    last = [ib, *isp, i_f] == list(range(nsp + 2))
+    # channels last only where the CPU backend has that kernel (2-D, no groups)
+    last = [ib, *isp, i_f] == list(range(nsp + 2)) and groups == 1 and nsp == 2
     x = ctx.transpose(x, [ib, *isp, i_f] if last else [ib, i_f, *isp])
     first = 1 if last else 2
     if any(lo != hi for lo, hi in pad):
@@ -390,7 +391,7 @@ def _scatter(ctx: LowerCtx, op: OpView) -> list[Value]:
     if list(dn.input_batching_dims) or len(to_operand) != 1 or inserted != to_operand:
         raise UnsupportedError("a scatter other than whole slices along one indexed axis")
     (a,) = to_operand
-    mode = _scatter_mode(op)
+    mode = _scatter_mode(op, upd)
     idx = _indices_as_batch(ctx, idx, dn.index_vector_dim)
     # StableHLO updates: window dims at update_window_dims, index dims elsewhere, in order.
     index_pos = [p for p in range(upd.rank) if p not in window]
@@ -400,7 +401,10 @@ def _scatter(ctx: LowerCtx, op: OpView) -> list[Value]:
     return [Value.of_node(out)]
 
 
-def _scatter_mode(op: OpView) -> str:
+def _scatter_mode(op: OpView, upd: Node) -> str:
+    """``set`` (the body returns the update: of duplicates, the last in row-major order
+    wins, one of the orders StableHLO allows), ``add``, or ``max`` of a 1-D iota (each
+    position's last writer: the same as ``set``, as the iota increases in that order)."""
     ops, args = op.region_body()
     work = [o for o in ops if not o.operation.name.endswith("return")]
     ret = [o for o in ops if o.operation.name.endswith("return")][0]
@@ -408,6 +412,11 @@ def _scatter_mode(op: OpView) -> str:
         return "set"
     if len(work) == 1 and work[0].operation.name.endswith(".add"):
         return "add"
+    if len(work) == 1 and work[0].operation.name.endswith(".or") and upd.dtype is DType.b8:
+        return "add"  # the IR's add of booleans is or
+    if len(work) == 1 and work[0].operation.name.endswith(".maximum"):
+        if upd.op == "iota" and upd.rank == 1:
+            return "set"
     raise UnsupportedError("a scatter whose update is neither add nor set")
 
 
