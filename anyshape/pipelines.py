@@ -103,6 +103,14 @@ STABLEHLO = [
     ("call", "anyshape.frontends.stablehlo.compile:StableHLOModule", "inputs by position or name"),
 ]
 
+# anyshape.to_stablehlo(model, examples) / anyshape export-stablehlo: StableHLO out
+TO_STABLEHLO = [
+    ("capture", "anyshape.frontends.torch.capture:capture_export", "as in STANDALONE"),
+    ("lower", "anyshape.standalone.export:lower_whole_graph", "the whole graph, or an error"),
+    ("passes", "anyshape.passes.pipeline:run_pipeline", "canonical shapes, simplify; no layouts"),
+    ("print", "anyshape.codegen.stablehlo:graph_to_stablehlo", "? dims, dynamic ops, assertions"),
+]
+
 # compile_graph: the same for every mode
 COMPILE = [
     ("passes", "anyshape.passes.pipeline:run_pipeline", "canonical shapes, simplify; layouts"),
@@ -128,6 +136,7 @@ PIPELINES = {
     "standalone": STANDALONE,
     "onnx": ONNX,
     "stablehlo": STABLEHLO,
+    "to_stablehlo": TO_STABLEHLO,
     "compile": COMPILE,
     "cpu_backend": CPU_BACKEND,
 }

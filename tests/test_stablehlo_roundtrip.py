@@ -92,3 +92,24 @@ def test_weights_as_resources_read_back():
         x = torch.randn(n, 8)
         with torch.no_grad():
             torch.testing.assert_close(module(x)[0], model(x), rtol=1e-5, atol=1e-6)
+
+
+def test_cli_export_stablehlo_then_compile_and_run(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    from anyshape.cli import main
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Softmax(-1)).eval()
+    b = torch.export.Dim("b")
+    program = torch.export.export(model, (torch.randn(3, 8),), dynamic_shapes=({0: b},))
+    torch.export.save(program, tmp_path / "m.pt2")
+    assert main(["export-stablehlo", str(tmp_path / "m.pt2"), "-o", str(tmp_path / "m.mlir")]) == 0
+    assert "tensor<?x8xf32>" in (tmp_path / "m.mlir").read_text()
+    artifact = tmp_path / "m.anyshape"
+    assert main(["compile", str(tmp_path / "m.mlir"), "-o", str(artifact)]) == 0
+    assert main(["run", str(artifact), "--shape", "input_1=5x8", "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "float32[5, 4]" in out
+    loaded = anyshape.load(artifact)
+    x = torch.randn(6, 8)
+    with torch.no_grad():
+        np.testing.assert_allclose(loaded(x.numpy())[0], model(x).numpy(), rtol=1e-5, atol=1e-6)

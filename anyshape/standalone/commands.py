@@ -1,4 +1,5 @@
-"""The standalone-mode commands of the ``anyshape`` CLI: compile, explain, info, run.
+"""The standalone-mode commands of the ``anyshape`` CLI: compile, export-stablehlo, explain,
+info, run.
 
 Sits on top of standalone mode; ``anyshape.cli`` dispatches here. ``compile``
 reads an ONNX model (needs ``onnx``), StableHLO text (needs ``jaxlib``) or a
@@ -42,6 +43,21 @@ def add_parsers(sub) -> None:
         help="what anyshape compiles of an ONNX model: ops, unsupported ops, kernels, guards",
     )
     expl.add_argument("model", help="a .onnx model")
+    shlo = sub.add_parser(
+        "export-stablehlo",
+        help="print a saved ExportedProgram (.pt2) as StableHLO text with dynamic dims",
+        description="Read a program saved with torch.export.save, lower it as anyshape "
+        "compiles it (every op, anyshape's graph passes) and write it as a StableHLO module: "
+        "? dims, dynamic_* ops where sizes are symbolic, shape assertions for its guards.",
+    )
+    shlo.add_argument("model", help="a .pt2 file from torch.export.save")
+    shlo.add_argument("-o", "--output", required=True, help="the .mlir file to write")
+    shlo.add_argument(
+        "--weights",
+        choices=["inline", "resource"],
+        default="inline",
+        help='weights as dense<"0x..."> constants (default) or dense_resource blobs',
+    )
     info = sub.add_parser("info", help="print an artifact's signature, target and constraints")
     info.add_argument("artifact")
     run = sub.add_parser(
@@ -108,6 +124,21 @@ def _wrote(artifact, output: str, t0: float) -> int:
     path = artifact.save(output)
     print(artifact.signature())
     print(f"wrote {path} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def export_stablehlo_cmd(args) -> int:
+    import torch
+
+    from .stablehlo import program_to_stablehlo
+
+    try:
+        program = torch.export.load(args.model)
+    except Exception as e:  # torch raises many types for a bad file
+        raise SystemExit(f"anyshape export-stablehlo: cannot read {args.model}: {e}") from None
+    t0 = time.perf_counter()
+    text = program_to_stablehlo(program, weights=args.weights, path=args.output)
+    print(f"wrote {args.output} ({len(text) / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -232,4 +263,5 @@ def _assume_untied_dims(manifest, given, rec, env: dict[str, int], notes) -> Non
 
 def dispatch(args: argparse.Namespace) -> int:
     commands = {"compile": compile_cmd, "explain": explain_cmd, "info": info_cmd, "run": run_cmd}
+    commands["export-stablehlo"] = export_stablehlo_cmd
     return commands[args.command](args)

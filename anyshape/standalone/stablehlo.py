@@ -36,10 +36,8 @@ def to_stablehlo(
     """
     import torch
 
-    from ..codegen.stablehlo import graph_to_stablehlo
     from ..frontends.torch.capture import capture_export, needs_widening, widen_example
     from ..frontends.torch.examples import split_inputs
-    from .export import lower_whole_graph
 
     opts = Options.from_env(**options)
     if isinstance(model, torch.nn.Module):
@@ -48,7 +46,26 @@ def to_stablehlo(
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         args, kwargs = widen_example(args), widen_example(kwargs)
     captured = capture_export(model, args, kwargs, dynamic_shapes)
-    graph, output_names = lower_whole_graph(captured, type(model).__name__)
+    return _emit(captured, type(model).__name__, opts, weights, path)
+
+
+def program_to_stablehlo(
+    program, *, weights: str = "inline", path: str | Path | None = None, **options
+) -> str:
+    """A ``torch.export.ExportedProgram`` (e.g. from ``torch.export.load``) as StableHLO text;
+    its dims are dynamic where the program says so."""
+    from ..frontends.torch.capture import capture_program
+
+    return _emit(
+        capture_program(program), "the program", Options.from_env(**options), weights, path
+    )
+
+
+def _emit(captured, model_name: str, opts: Options, weights: str, path) -> str:
+    from ..codegen.stablehlo import graph_to_stablehlo
+    from .export import lower_whole_graph
+
+    graph, output_names = lower_whole_graph(captured, model_name)
     graph = run_pipeline(graph, opts)
     text = graph_to_stablehlo(graph, weights=weights, output_names=output_names)
     if path is not None:
