@@ -192,3 +192,19 @@ def test_torch_mlir_bert_layer_matches_eager():
         with torch.no_grad():
             want = model(x).numpy()
         np.testing.assert_allclose(module(x.numpy())[0], want, rtol=1e-4, atol=1e-5)
+
+
+def test_tensorflow_lowering_matches_tensorflow():
+    # TensorFlow's tf-lower-to-mlprogram-and-hlo output (shape.* and tensor.* ops computing
+    # the dynamic shapes), saved with TensorFlow's results by
+    # tools/gen_tf_stablehlo_fixture.py, so TensorFlow need not be installed here.
+    from pathlib import Path
+
+    data = Path(__file__).parent / "data" / "stablehlo"
+    module = anyshape.stablehlo.compile(str(data / "tf_mlp.mlir"))  # its one public function
+    saved = np.load(data / "tf_mlp.npz")
+    for i in range(3):
+        x = saved[f"x{i}"]
+        (y,) = module(x, saved["w"], saved["b"])
+        np.testing.assert_allclose(y, saved[f"y{i}"], rtol=1e-5, atol=1e-6)
+    assert module.compilations == 1

@@ -56,6 +56,26 @@ def _assuming(ctx: LowerCtx, op: OpView) -> list[Value]:
     return ctx.lower_region(ops)
 
 
+@rule("shape.split_at")
+def _split_at(ctx: LowerCtx, op: OpView) -> list[Value]:
+    dims = ctx.known_of(op.operands[0], "shape.split_at's shape")
+    (at,) = ctx.known_of(op.operands[1], "shape.split_at's index")
+    at = at + len(dims) if at < 0 else at
+    return [Value.of_known(dims[:at], DType.i64), Value.of_known(dims[at:], DType.i64)]
+
+
+@rule("shape.concat")
+def _shape_concat(ctx: LowerCtx, op: OpView) -> list[Value]:
+    a, b = (ctx.known_of(v, "shape.concat's operand") for v in op.operands)
+    return [Value.of_known(tuple(a) + tuple(b), DType.i64)]
+
+
+@rule("shape.rank")
+def _shape_rank(ctx: LowerCtx, op: OpView) -> list[Value]:
+    dims = ctx.known_of(op.operands[0], "shape.rank's shape")
+    return [Value.of_known((len(dims),), DType.i64, scalar=True)]
+
+
 @rule("shape.num_elements")
 def _num_elements(ctx: LowerCtx, op: OpView) -> list[Value]:
     dims = ctx.known_of(op.operands[0], "shape.num_elements' operand")
@@ -90,10 +110,20 @@ def _extract(ctx: LowerCtx, op: OpView) -> list[Value]:
     return [Value.of_known((dims[at],), op.result_dtype(), scalar=True)]
 
 
-@rule("tensor.cast", "shape.to_extent_tensor", "arith.index_cast", "arith.index_castui")
+@rule(
+    "tensor.cast",
+    "shape.to_extent_tensor",
+    "shape.index_to_size",
+    "shape.size_to_index",
+    "arith.index_cast",
+    "arith.index_castui",
+)
 def _same_contents(ctx: LowerCtx, op: OpView) -> list[Value]:
     (v,) = op.operands
-    dtype, shape = op.result_type()
+    try:
+        dtype, shape = op.result_type()
+    except UnsupportedError:  # !shape.size, !shape.shape: the same dims
+        dtype, shape = DType.i64, v.shape
     if v.known is not None or v.const is not None:
         dims = ctx.known_of(v, op.name)
         return [Value.of_known(dims, dtype, scalar=len(shape) == 0)]
