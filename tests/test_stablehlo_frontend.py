@@ -208,3 +208,19 @@ def test_tensorflow_lowering_matches_tensorflow():
         (y,) = module(x, saved["w"], saved["b"])
         np.testing.assert_allclose(y, saved[f"y{i}"], rtol=1e-5, atol=1e-6)
     assert module.compilations == 1
+
+
+def test_mhlo_spelling_reads_as_stablehlo():
+    text = """
+    func.func @main(%x: tensor<?x3xf32>) -> tensor<?x3xf32> {
+      %0 = mhlo.add %x, %x : tensor<?x3xf32>
+      %1 = "mhlo.tanh"(%0) : (tensor<?x3xf32>) -> tensor<?x3xf32>
+      %2 = mhlo.compare GT, %1, %x : (tensor<?x3xf32>, tensor<?x3xf32>) -> tensor<?x3xi1>
+      %3 = mhlo.select %2, %1, %x : tensor<?x3xi1>, tensor<?x3xf32>
+      return %3 : tensor<?x3xf32>
+    }
+    """
+    module = anyshape.stablehlo.compile(text)
+    for n in (0, 1, 4):
+        x = np.linspace(-2, 2, 3 * n, dtype=np.float32).reshape(n, 3)
+        np.testing.assert_allclose(module(x)[0], np.maximum(np.tanh(2 * x), x), rtol=1e-6)

@@ -8,7 +8,8 @@ the ``dense_resource`` blobs of the module's resource section (torch-mlir keeps
 weights there; the bindings parse the references but give no way to read the
 bytes back, so the section is read from the text here).
 
-Ops of dialects the bindings do not register (TensorFlow's leftover ``tf.*``)
+MHLO text (no mhlo dialect in jaxlib) is read as StableHLO where it does not
+parse as written. Ops of dialects the bindings do not register (TensorFlow's leftover ``tf.*``)
 parse as unregistered ops, so the lowering can name them in its error.
 """
 
@@ -108,7 +109,9 @@ def read_program(text_or_path, entry: str = "main") -> Program:
         try:
             module = ir.Module.parse(text)
         except Exception as e:  # the bindings raise MLIRError with the diagnostics
-            raise UnsupportedError(f"the StableHLO text does not parse: {e}") from None
+            if not _MHLO.search(text):
+                raise UnsupportedError(f"the StableHLO text does not parse: {e}") from None
+            module = _parse_mhlo(ir, text, e)
     program = Program(ctx, module, name=_module_name(module) or name)
     for op in module.body.operations:
         if op.operation.name == "func.func":
@@ -133,6 +136,21 @@ def read_program(text_or_path, entry: str = "main") -> Program:
         program.entry = public[0]
     program.resources = read_resources(text)
     return program
+
+
+_MHLO = re.compile(r"(#?)\bmhlo([.<])")
+
+
+def _parse_mhlo(ir, text: str, first_error):
+    """MHLO text: jaxlib registers no mhlo dialect, but the ops StableHLO shares with it
+    print alike, so the text is read with ``mhlo`` spelled ``stablehlo``."""
+    try:
+        return ir.Module.parse(_MHLO.sub(r"\1stablehlo\2", text))
+    except Exception as e:
+        raise UnsupportedError(
+            f"the MHLO text does not parse as StableHLO (an op without a StableHLO "
+            f"equivalent?): {e}\n(as written: {first_error})"
+        ) from None
 
 
 def _module_name(module) -> str | None:
