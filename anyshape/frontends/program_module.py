@@ -29,6 +29,21 @@ class ProgramModule:
 
     kind = "program"
 
+    @classmethod
+    def compile(cls, graph, input_names: list[str], output_names: list[str], options):
+        """``graph`` through the one compile path, as a module of this class."""
+        from ..pipelines import compile_graph
+        from ..stats import bump
+
+        compiled = compile_graph(graph, options)
+        if compiled.extra_symbols:
+            raise UnsupportedError(
+                f"the {cls.kind} needs sizes no input dim carries "
+                f"({', '.join(compiled.extra_symbols)})"
+            )
+        bump("compilations")
+        return cls(compiled, input_names, output_names, options)
+
     def __init__(self, compiled, input_names: list[str], output_names: list[str], options):
         self.compiled = compiled
         self.graph = compiled.graph

@@ -203,3 +203,21 @@ def clamp_nonneg(e) -> Dim:
     if e.nonneg:
         return as_dim(e)
     return as_dim(sym_max(e, as_expr(0)))
+
+
+def lowering_error(e: Exception, where: str, name: str, program: str) -> UnsupportedError:
+    """What a rule raised, as the ``UnsupportedError`` a user sees: named after the node
+    or op (``where``; kept if ``name`` is in the message already), the sizes of the
+    ``program`` ("model") disagreeing, or an anyshape bug with the original as cause."""
+    from ..ir.ops import IRTypeError
+
+    text = str(e)
+    if isinstance(e, UnsupportedError):
+        return UnsupportedError(text if name in text else f"{where}: {text}")
+    if isinstance(e, IRTypeError):
+        return UnsupportedError(f"{where}: {text}")
+    if isinstance(e, ValueError) and "can never hold" in text:  # static sizes disagree
+        return UnsupportedError(f"{where}: the {program}'s sizes disagree: {text}")
+    err = UnsupportedError(f"{where}: {type(e).__name__}: {text} (an anyshape bug)")
+    err.__cause__ = e
+    return err

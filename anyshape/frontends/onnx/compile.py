@@ -12,9 +12,6 @@ graph-output order.
 from __future__ import annotations
 
 from ...config import Options
-from ...errors import UnsupportedError
-from ...pipelines import compile_graph
-from ...stats import bump
 from ..program_module import ProgramModule
 from .context import NeedsInputValue
 from .lower import lower_model
@@ -58,10 +55,4 @@ def compile(model_or_path, *, base_dir: str | None = None, **options):
 
 def _compile_model(model, opts: Options) -> OnnxModule:
     lowered = lower_model(model)
-    compiled = compile_graph(lowered.graph, opts)
-    if compiled.extra_symbols:
-        raise UnsupportedError(
-            f"the model needs sizes no input dim carries ({', '.join(compiled.extra_symbols)})"
-        )
-    bump("compilations")
-    return OnnxModule(compiled, lowered.input_names, lowered.output_names, opts)
+    return OnnxModule.compile(lowered.graph, lowered.input_names, lowered.output_names, opts)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from ...errors import UnsupportedError
 from ...ir.graph import Graph, GraphBuilder
-from ...ir.ops import IRTypeError
 from ...ir.symbolic import as_dim
+from ..values import lowering_error
 from .context import LowerCtx, NeedsInputValue, OnnxNodeView, Value
 from .reader import OnnxModel, tensor_to_array
 from .rules import rule_for
@@ -135,23 +135,8 @@ def lower_node(ctx: LowerCtx, proto, model: OnnxModel, env: dict) -> None:
         outs = fn(ctx, node, ins)
     except NeedsInputValue:
         raise
-    except UnsupportedError as e:
-        text = str(e)
-        raise UnsupportedError(
-            text if node.name in text else f"{node.describe()}: {text}"
-        ) from None
-    except IRTypeError as e:
-        raise UnsupportedError(f"{node.describe()}: {e}") from None
-    except ValueError as e:
-        if "can never hold" not in str(e):  # the constraint store: static sizes disagree
-            raise UnsupportedError(
-                f"{node.describe()}: {type(e).__name__}: {e} (an anyshape bug)"
-            ) from e
-        raise UnsupportedError(f"{node.describe()}: the model's sizes disagree: {e}") from None
-    except Exception as e:  # a rule bug: name the node instead of a bare traceback
-        raise UnsupportedError(
-            f"{node.describe()}: {type(e).__name__}: {e} (an anyshape bug)"
-        ) from e
+    except Exception as e:  # named after the node, never a bare traceback
+        raise lowering_error(e, node.describe(), node.name, "model") from e.__cause__
     for name, v in zip(proto.output, outs):
         if name:
             env[name] = v

@@ -11,9 +11,6 @@ producer recorded) and returns its results as a list.
 from __future__ import annotations
 
 from ...config import Options
-from ...errors import UnsupportedError
-from ...pipelines import compile_graph
-from ...stats import bump
 from ..program_module import ProgramModule
 from .lower import lower_program
 from .reader import read_program
@@ -36,12 +33,6 @@ def compile(text_or_path, *, entry: str = "main", **options) -> StableHLOModule:
     ``entry``: the function to compile (default ``main``, or the module's only
     public function). ``options`` are ``anyshape.config.Options`` fields.
     """
-    opts = Options.from_env(**options)
     lowered = lower_text(text_or_path, entry)
-    compiled = compile_graph(lowered.graph, opts)
-    if compiled.extra_symbols:
-        raise UnsupportedError(
-            f"the program needs sizes no input dim carries ({', '.join(compiled.extra_symbols)})"
-        )
-    bump("compilations")
-    return StableHLOModule(compiled, lowered.input_names, lowered.output_names, opts)
+    opts = Options.from_env(**options)
+    return StableHLOModule.compile(lowered.graph, lowered.input_names, lowered.output_names, opts)

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 from ...errors import UnsupportedError
 from ...ir.graph import Graph, GraphBuilder
-from ...ir.ops import IRTypeError
 from ...ir.symbolic import SymExpr, as_dim, as_expr
 from ...ir.types import TensorType
-from ..values import Value
+from ..values import Value, lowering_error
 from . import compute_ops, dialect_ops, elementwise, shape_ops  # noqa: F401  (fill RULES)
 from .context import RULES, LowerCtx, OpView, canonical_name
 from .reader import Program, tensor_type
@@ -238,23 +237,8 @@ def _lower_op(ctx: LowerCtx, view: OpView) -> list[Value]:
         )
     try:
         outs = fn(ctx, view)
-    except UnsupportedError as e:
-        text = str(e)
-        raise UnsupportedError(
-            text if view.name in text else f"{view.describe()}: {text}"
-        ) from None
-    except IRTypeError as e:
-        raise UnsupportedError(f"{view.describe()}: {e}") from None
-    except ValueError as e:
-        if "can never hold" not in str(e):
-            raise UnsupportedError(
-                f"{view.describe()}: {type(e).__name__}: {e} (an anyshape bug)"
-            ) from e
-        raise UnsupportedError(f"{view.describe()}: the program's sizes disagree: {e}") from None
-    except Exception as e:  # a rule bug: name the op instead of a bare traceback
-        raise UnsupportedError(
-            f"{view.describe()}: {type(e).__name__}: {e} (an anyshape bug)"
-        ) from e
+    except Exception as e:  # named after the op, never a bare traceback
+        raise lowering_error(e, view.describe(), view.name, "program") from e.__cause__
     for i, v in enumerate(outs):
         if v is not None and v.fact is None and i < view.num_results:
             _check_declared(ctx, view, i, v)
