@@ -25,7 +25,7 @@ import numpy as np
 from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ..values import Value, ValueLowering
-from .reader import element_dtype, import_bindings, tensor_type
+from .reader import import_bindings, tensor_type
 
 RULES: dict[str, Callable] = {}
 
@@ -232,7 +232,3 @@ class LowerCtx(ValueLowering):
         if v.known is not None and all(isinstance(d, int) for d in v.known):
             return np.array(v.known, dtype=v.dtype.to_numpy()).reshape(v.shape)
         raise UnsupportedError(f"{what} must be a constant (here it is computed)")
-
-
-def result_dtype_of(element_type) -> DType:
-    return element_dtype(element_type)
