@@ -108,6 +108,9 @@ def test_unsupported_op_is_named():
     """
     with pytest.raises(UnsupportedError, match=r"stablehlo\.sort.*not supported"):
         anyshape.stablehlo.compile(text)
+    ops = anyshape.stablehlo.supported_ops()
+    assert "stablehlo.sort" not in ops
+    assert {"stablehlo.dot_general", "chlo.erf", "shape.assuming", "func.call"} <= set(ops)
     with pytest.raises(UnsupportedError, match="does not parse"):
         anyshape.stablehlo.compile("func.func @main(%x: tensor<?xf32>) { bogus }")
 
