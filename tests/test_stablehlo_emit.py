@@ -726,29 +726,11 @@ def _torch_graph(model, example) -> Graph:
     """A model as anyshape captures and lowers it, after the shared IR passes."""
     from anyshape.config import Options
     from anyshape.frontends.torch.capture import capture_export
-    from anyshape.frontends.torch.lowering import lower_cluster
     from anyshape.passes.pipeline import run_pipeline
-    from anyshape.plugin.partition import is_op_node, plan_partitions
+    from anyshape.standalone.export import lower_whole_graph
 
-    captured = capture_export(model.eval(), example)
-    gm = captured.gm
-    assert not plan_partitions(gm, 1).fallbacks
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    (output,) = [n for n in gm.graph.nodes if n.op == "output"]
-    outputs = (
-        list(output.args[0]) if isinstance(output.args[0], (tuple, list)) else [output.args[0]]
-    )
-    nodes = [n for n in gm.graph.nodes if is_op_node(n)]
-    lowered = lower_cluster(
-        nodes,
-        gm,
-        "model",
-        captured.symbol_ranges,
-        inputs=placeholders,
-        outputs=outputs,
-        guards=captured.guards,
-    )
-    return run_pipeline(lowered.graph, Options(backend="cpu", verify=True))
+    graph, _ = lower_whole_graph(capture_export(model.eval(), example), "model")
+    return run_pipeline(graph, Options(backend="cpu", verify=True))
 
 
 def _mlp():

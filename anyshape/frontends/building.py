@@ -7,6 +7,7 @@ and the no-op-aware reshape, transpose and right-aligned broadcast. NumPy only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from ..errors import UnsupportedError
@@ -54,3 +55,16 @@ class IRBuilding:
         if perm == tuple(range(x.rank)):
             return x
         return self.op("transpose", x, perm=perm)
+
+
+def ir_name(text: str, taken: set[str], prefix: str = "") -> str:
+    """A tidy unique name (letters, digits, ``_`` and ``.``) for a name from a model file."""
+    name = prefix + (re.sub(r"[^A-Za-z0-9_.]", "_", text) or "v")
+    if not re.match(r"[A-Za-z_]", name):
+        name = "v_" + name
+    base, k = name, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name

@@ -43,10 +43,11 @@ from ...ir.graph import GraphBuilder
 from ...ir.symbolic import format_dim
 from ...ir.types import TensorType
 from ...runtime.binder import arrange_inputs
+from ..building import ir_name
 from ..program_module import as_input_array
 from .context import LowerCtx, NeedsInputValue, OnnxNodeView, Value
 from .dims import DimNamer
-from .lower import ir_name, lower_node, needed_nodes, outer_reads
+from .lower import lower_node, needed_nodes, outer_reads
 from .reader import ONNX_DTYPES, OnnxModel, onnx_dtype, read_model
 
 # A constant a node folds to is copied into each segment that reads it when this small.

@@ -14,12 +14,12 @@ reported with the node's name instead of a wrong result.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ...errors import UnsupportedError
 from ...ir.graph import Graph, GraphBuilder
 from ...ir.symbolic import as_dim
+from ..building import ir_name
 from ..values import lowering_error
 from .context import LowerCtx, NeedsInputValue, OnnxNodeView, Value
 from .reader import OnnxModel, tensor_to_array
@@ -31,19 +31,6 @@ class LoweredOnnx:
     graph: Graph
     input_names: list[str]  # the ONNX names, in graph-input order
     output_names: list[str]
-
-
-def ir_name(text: str, taken: set[str], prefix: str = "") -> str:
-    """A tidy unique name (letters, digits, ``_`` and ``.``) for an ONNX name."""
-    name = prefix + (re.sub(r"[^A-Za-z0-9_.]", "_", text) or "v")
-    if not re.match(r"[A-Za-z_]", name):
-        name = "v_" + name
-    base, k = name, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def needed_nodes(graph, outputs: list[str]) -> set[int]:

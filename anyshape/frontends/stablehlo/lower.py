@@ -22,13 +22,13 @@ guarded), so a lowering bug names the op instead of returning a wrong result.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ...errors import UnsupportedError
 from ...ir.graph import Graph, GraphBuilder
 from ...ir.symbolic import SymExpr, as_dim, as_expr
 from ...ir.types import TensorType
+from ..building import ir_name
 from ..values import Value, lowering_error
 from . import compute_ops, dialect_ops, elementwise, shape_ops  # noqa: F401  (fill RULES)
 from .context import RULES, LowerCtx, OpView, canonical_name
@@ -79,7 +79,7 @@ def argument_names(func) -> list[str]:
             if key in a:
                 text = str(a[key]).strip('"')
                 break
-        names.append(_unique(_tidy(text) if text else f"arg{i}", taken))
+        names.append(ir_name(text.strip("_") if text else f"arg{i}", taken))
     return names
 
 
@@ -93,7 +93,7 @@ def result_names(func, count: int) -> list[str]:
             if key in a:
                 text = str(a[key]).strip('"')
                 break
-        out.append(_unique(_tidy(text) if text else f"out{i}", taken))
+        out.append(ir_name(text.strip("_") if text else f"out{i}", taken))
     return out
 
 
@@ -111,20 +111,6 @@ def _dict_keys(d) -> list[str]:
         return [na.name for na in d]
     except AttributeError:
         return list(d)
-
-
-def _tidy(text: str) -> str:
-    name = re.sub(r"[^A-Za-z0-9_.]", "_", text).strip("_") or "v"
-    return name if re.match(r"[A-Za-z_]", name) else "v_" + name
-
-
-def _unique(name: str, taken: set[str]) -> str:
-    base, k = name, 1
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def name_symbols(program: Program, names: list[str]) -> dict[tuple[int, int], SymExpr]:
@@ -170,7 +156,7 @@ def name_symbols(program: Program, names: list[str]) -> dict[tuple[int, int], Sy
                     label[dim_of[x]] = str(a["jax.global_constant"]).strip('"')
     by_root: dict[tuple[int, int], str] = {}
     for key, text in label.items():
-        by_root.setdefault(find(key), _tidy(text))
+        by_root.setdefault(find(key), ir_name(text, set()).replace(".", "_"))
     out = {}
     taken = set(by_root.values())
     for i, arg in enumerate(block.arguments):
@@ -180,7 +166,7 @@ def name_symbols(program: Program, names: list[str]) -> dict[tuple[int, int], Sy
                 continue
             root = find((i, d))
             if root not in by_root:
-                by_root[root] = _unique(f"{names[root[0]]}_d{root[1]}", taken)
+                by_root[root] = ir_name(f"{names[root[0]]}_d{root[1]}".replace(".", "_"), taken)
             out[(i, d)] = SymExpr.symbol(by_root[root])
     return out
 
