@@ -240,3 +240,67 @@ def test_encoder_hidden_256_twenty_shapes_one_compilation():
         want = np.asarray(exported.call(*args))
         np.testing.assert_allclose(module(*args), want, rtol=1e-5, atol=1e-5, err_msg=f"{b}x{s}")
     assert anyshape.stats()["compilations"] == before + 1
+
+
+def _semantics_cases():
+    jnp, lax = jax.numpy, jax.lax
+    i32, f32 = np.int32, np.float32
+    b, s = jax.export.symbolic_shape("b, s")
+    rng = np.random.default_rng(0)
+    ints = np.array([[1, 2, 3, 4], [-5, 6, 7, -8]], i32)
+    return {
+        "int sum pool": (
+            lambda x: lax.reduce_window(x, 0, lax.add, (1, 2), (1, 1), "VALID"),
+            [jax.ShapeDtypeStruct((b, s), i32)],
+            [ints],
+        ),
+        "int reverse cumsum": (
+            lambda x: lax.cumsum(x, axis=1, reverse=True),
+            [jax.ShapeDtypeStruct((b, 4), i32)],
+            [ints],
+        ),
+        "round half away from zero": (
+            lax.round,
+            [jax.ShapeDtypeStruct((b,), f32)],
+            [np.array([0.49999997, 8388609.0, -2.5, 2.5, -0.5], f32)],
+        ),
+        "shifts of the width or more": (
+            lambda x, y: (x << y, x >> y, lax.shift_right_logical(x, y)),
+            [jax.ShapeDtypeStruct((b,), i32)] * 2,
+            [np.array([-16, 17, 5, -3], i32), np.array([32, 40, 1, 31], i32)],
+        ),
+        "scatter drops out-of-range indices": (
+            lambda x, i: (x.at[i].add(1.0), x.at[i].set(7.0)),
+            [jax.ShapeDtypeStruct((b, s), f32), jax.ShapeDtypeStruct((3,), i32)],
+            [np.zeros((3, 2), f32), np.array([0, 5, 2], i32)],
+        ),
+        "erf inside a composite": (
+            lax.erf,
+            [jax.ShapeDtypeStruct((b,), f32)],
+            [np.linspace(-3, 3, 7, dtype=f32)],
+        ),
+        "pool from the first dim, and a min pool": (
+            lambda x: (
+                lax.reduce_window(x, 0.0, lax.add, (3, 3), (1, 1), "SAME"),
+                lax.reduce_window(x, jnp.inf, lax.min, (2, 2), (2, 2), "VALID"),
+            ),
+            [jax.ShapeDtypeStruct((8, 8), f32)],
+            [rng.standard_normal((8, 8)).astype(f32)],
+        ),
+        "integer constants wrap": (
+            lambda x: x + jnp.array([-1, 2], i32).astype(jnp.uint32),
+            [jax.ShapeDtypeStruct((2,), np.uint32)],
+            [np.array([1, 2], np.uint32)],
+        ),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_semantics_cases()))
+def test_stablehlo_semantics_match_jax(name):
+    fn, specs, args = _semantics_cases()[name]
+    exported = jax_models.export_fn(fn, specs)
+    module = anyshape.jax.compile(exported)
+    want = jax.tree_util.tree_leaves(exported.call(*args))
+    got = jax.tree_util.tree_leaves(module(*args))
+    for w, g in zip(want, got):
+        np.testing.assert_allclose(g, np.asarray(w), rtol=1e-6, atol=1e-6)

@@ -59,7 +59,7 @@ class ProgramModule:
         ]
         self.binder = ShapeBinder(specs, self.graph.constraints, what=self.kind)
         self._dtypes = [n.dtype for n in self.graph.inputs]
-        self._np_dtypes = [d.to_numpy() for d in self._dtypes]
+        self._np_dtypes = [_numpy_dtype(n, d) for n, d in zip(self.input_names, self._dtypes)]
         self._watch_weights()
         self._outputs = []  # per output: ("slot", k) / ("input", i) / ("param", name)
         for k, node in enumerate(self.graph.outputs):
@@ -156,3 +156,13 @@ def _known(a: np.ndarray) -> bool:
         return True
     except TypeError:
         return False
+
+
+def _numpy_dtype(name: str, dtype: DType):
+    try:
+        return dtype.to_numpy()
+    except TypeError:
+        raise UnsupportedError(
+            f"input {name!r} is {dtype}, which NumPy cannot hold: arrays in and out of a "
+            "compiled program are NumPy's"
+        ) from None

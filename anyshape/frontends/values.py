@@ -70,7 +70,12 @@ class Value:
         """An integer vector (or scalar) of dims; constant when every dim is an int."""
         dims = tuple(as_dim(d) for d in dims)
         if all(isinstance(d, int) for d in dims):
-            arr = np.array(dims, dtype=dtype.to_numpy())
+            # integer arithmetic wraps in the value's type, as in the program
+            if dtype.is_int and not dtype.is_bool:
+                arr = np.array([d & ((1 << 64) - 1) for d in dims], dtype=np.uint64)
+                arr = arr.astype(dtype.to_numpy())
+            else:
+                arr = np.array(dims, dtype=dtype.to_numpy())
             return Value.of_const(arr.reshape(()) if scalar else arr)
         return Value(dtype, () if scalar else (len(dims),), known=dims)
 

@@ -47,7 +47,7 @@ def supported_ops() -> list[str]:
     from . import lower  # noqa: F401  (fills the table)
     from .context import RULES
 
-    return sorted([*RULES, "func.call", "func.return"])
+    return sorted([*RULES, "func.call", "func.return", "stablehlo.composite"])
 
 
 __all__ = ["compile", "export", "supported_ops"]

@@ -110,13 +110,8 @@ def _reduce(ctx: LowerCtx, op: OpView) -> list[Value]:
 
 def _with_init(ctx: LowerCtx, out: Node, init: Value, kind: str) -> Node:
     """Combine with the init value unless it is the kind's identity."""
-    if init.const is not None and init.const.size == 1:
-        v = init.const.reshape(-1)[0]
-        ident = _IDENTITY[kind]
-        if v == ident or (kind == "max" and out.dtype.is_int and v <= np.iinfo(v.dtype).min):
-            return out
-        if kind == "min" and out.dtype.is_int and v >= np.iinfo(v.dtype).max:
-            return out
+    if _is_identity(init, kind, out.dtype):
+        return out
     return ctx.op(_COMBINE[kind], out, ctx.broadcast_to(ctx.node(init), out.shape))
 
 
@@ -184,7 +179,23 @@ def _reduce_window(ctx: LowerCtx, op: OpView) -> list[Value]:
         ):
             out = ctx.op("cumulative", x, kind=kind, axis=a)
             return [Value.of_node(_with_init(ctx, out, init, kind))]
-    return [Value.of_node(_pool(ctx, x, init, kind, active, window, stride, dil, pad))]
+    return [Value.of_node(_window_reduce(ctx, x, init, kind, active, window, stride, dil, pad))]
+
+
+def _window_reduce(ctx, x: Node, init: Value, kind: str, active, window, stride, dil, pad):
+    """A pool, once windows from the first dim get a leading unit dim and a float min
+    becomes -max(-x)."""
+    if min(active) == 0:
+        x1 = ctx.reshape(x, (1, *x.shape))
+        shift = [i + 1 for i in active]
+        widen = [(1, *window), (1, *stride), (1, *dil), [(0, 0), *pad]]
+        out = _window_reduce(ctx, x1, init, kind, shift, *widen)
+        return ctx.reshape(out, out.shape[1:])
+    if kind == "min" and x.dtype.is_float:
+        neg_init = Value.of_node(ctx.op("neg", ctx.node(init)))
+        out = _pool(ctx, ctx.op("neg", x), neg_init, "max", active, window, stride, dil, pad)
+        return ctx.op("neg", out)
+    return _pool(ctx, x, init, kind, active, window, stride, dil, pad)
 
 
 def _pool(ctx, x: Node, init: Value, kind: str, active, window, stride, dil, pad) -> Node:
@@ -204,7 +215,8 @@ def _pool(ctx, x: Node, init: Value, kind: str, active, window, stride, dil, pad
     dims = list(range(first, last + 1))
     symmetric = all(pad[i][0] == pad[i][1] for i in dims)
     if not symmetric:
-        fill = ctx.node(init) if init.rank == 0 else ctx.const(_IDENTITY[kind], x.dtype)
+        # padded with the identity, as XLA does (the init value joins each window once)
+        fill = ctx.const(_IDENTITY[kind], x.dtype)
         x = ctx.op(
             "pad",
             x,
@@ -213,6 +225,11 @@ def _pool(ctx, x: Node, init: Value, kind: str, active, window, stride, dil, pad
             high=tuple(pad[i][1] for i in range(r)),
         )
         pad = [(0, 0)] * r
+    dtype = x.dtype
+    if kind == "sum" and dtype not in (DType.f32, DType.f64):
+        # a sum pool is an average times the window: exact in f64 for integers (and in f32
+        # for half floats), rounded back to the operand's type
+        x = ctx.cast(x, DType.f64 if not dtype.is_float else DType.f32)
     out = ctx.op(
         "pool",
         x,
@@ -227,7 +244,22 @@ def _pool(ctx, x: Node, init: Value, kind: str, active, window, stride, dil, pad
     if kind == "sum":
         size = int(np.prod([window[i] for i in dims]))
         out = ctx.op("mul", out, ctx.full(float(size), out.shape, out.dtype))
+        if not dtype.is_float:
+            out = ctx.op("round", out)
+        out = ctx.cast(out, dtype)
     return _with_init(ctx, out, init, kind)
+
+
+def _is_identity(init: Value, kind: str, dtype: DType) -> bool:
+    if init.const is None or init.const.size != 1:
+        return False
+    v = init.const.reshape(-1)[0]
+    if v == _IDENTITY[kind]:
+        return True
+    if dtype.is_int and kind in ("max", "min"):
+        info = np.iinfo(dtype.to_numpy())
+        return v <= info.min if kind == "max" else v >= info.max
+    return False
 
 
 # --- convolution ------------------------------------------------------------------
@@ -392,12 +424,27 @@ def _scatter(ctx: LowerCtx, op: OpView) -> list[Value]:
         raise UnsupportedError("a scatter other than whole slices along one indexed axis")
     (a,) = to_operand
     mode = _scatter_mode(op, upd)
-    idx = _indices_as_batch(ctx, idx, dn.index_vector_dim)
+    idx = ctx.cast(_indices_as_batch(ctx, idx, dn.index_vector_dim), DType.i64)
     # StableHLO updates: window dims at update_window_dims, index dims elsewhere, in order.
     index_pos = [p for p in range(upd.rank) if p not in window]
     want = [*window[:a], *index_pos, *window[a:]]
     upd = ctx.transpose(upd, want)
-    out = ctx.op("scatter", base, ctx.cast(idx, DType.i64), upd, axis=a, mode=mode)
+    # StableHLO drops an update whose index is out of range: it goes to a spare row past
+    # the end, cut off after the scatter.
+    n = base.shape[a]
+    last = ctx.broadcast_to(ctx.scalar(n, DType.i64), idx.shape)
+    outside = ctx.op(
+        "or",
+        ctx.op("lt", idx, ctx.full(0, idx.shape, DType.i64)),
+        ctx.op("ge", idx, last),
+    )
+    idx = ctx.op("select", outside, last, idx)
+    high = [0] * base.rank
+    high[a] = 1
+    spare = ctx.op("pad", base, ctx.const(0, base.dtype), low=(0,) * base.rank, high=tuple(high))
+    out = ctx.op("scatter", spare, idx, upd, axis=a, mode=mode)
+    limit = tuple(base.shape)
+    out = ctx.op("slice", out, start=(0,) * base.rank, limit=limit, stride=(1,) * base.rank)
     return [Value.of_node(out)]
 
 

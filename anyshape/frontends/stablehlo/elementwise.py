@@ -145,19 +145,39 @@ def _binary(ctx: LowerCtx, op: OpView) -> list[Value]:
         if folded:
             return folded
     a, b = ctx.broadcast_all([ctx.node(v) for v in op.operands], op.name)
+    if short in ("shift_left", "shift_right_arithmetic"):
+        return [Value.of_node(_shift(ctx, short, a, b))]
     return [Value.of_node(ctx.op(BINARY[short], a, b))]
+
+
+_UNSIGNED = {DType.i8: DType.u8, DType.i16: DType.u16, DType.i32: DType.u32, DType.i64: DType.u64}
+
+
+def _shift(ctx: LowerCtx, kind: str, a, b):
+    """StableHLO's shifts: a count outside [0, bits) gives 0 (left, logical) or the sign
+    fill (arithmetic), where C++'s shift would be undefined."""
+    bits = 8 * a.dtype.itemsize
+    wide = ctx.op(
+        "or",
+        ctx.op("lt", b, ctx.full(0, b.shape, b.dtype)),
+        ctx.op("ge", b, ctx.full(bits, b.shape, b.dtype)),
+    )
+    safe = ctx.op("select", wide, ctx.full(0, b.shape, b.dtype), b)
+    zero = ctx.full(0, a.shape, a.dtype)
+    if kind == "shift_left":
+        return ctx.op("select", wide, zero, ctx.op("shl", a, safe))
+    if kind == "shift_right_arithmetic":
+        fill = ctx.op("shr", a, ctx.full(bits - 1, b.shape, b.dtype))
+        return ctx.op("select", wide, fill, ctx.op("shr", a, safe))
+    u = _UNSIGNED.get(a.dtype, a.dtype)  # logical: the bits as unsigned
+    out = ctx.cast(ctx.op("shr", ctx.cast(a, u), ctx.cast(safe, u)), a.dtype)
+    return ctx.op("select", wide, zero, out)
 
 
 @rule("stablehlo.shift_right_logical")
 def _shift_right_logical(ctx: LowerCtx, op: OpView) -> list[Value]:
     a, b = ctx.broadcast_all([ctx.node(v) for v in op.operands], op.name)
-    unsigned = {DType.i8: DType.u8, DType.i16: DType.u16, DType.i32: DType.u32}
-    unsigned[DType.i64] = DType.u64
-    if a.dtype in unsigned:
-        u = unsigned[a.dtype]
-        out = ctx.op("shr", ctx.cast(a, u), ctx.cast(b, u))
-        return [Value.of_node(ctx.cast(out, a.dtype))]
-    return [Value.of_node(ctx.op("shr", a, b))]
+    return [Value.of_node(_shift(ctx, "shift_right_logical", a, b))]
 
 
 @rule(*("chlo.broadcast_" + n for n in BINARY), "chlo.broadcast_compare")
@@ -237,9 +257,9 @@ def _is_finite(ctx: LowerCtx, op: OpView) -> list[Value]:
 @rule("stablehlo.round_nearest_afz")
 def _round_afz(ctx: LowerCtx, op: OpView) -> list[Value]:
     x = ctx.node(op.operands[0])
-    half = ctx.full(0.5, x.shape, x.dtype)
-    mag = ctx.op("floor", ctx.op("add", ctx.op("abs", x), half))
-    return [Value.of_node(ctx.op("mul", ctx.op("sign", x), mag))]
+    t = ctx.op("trunc", x)
+    away = ctx.op("ge", ctx.op("abs", ctx.op("sub", x, t)), ctx.full(0.5, x.shape, x.dtype))
+    return [Value.of_node(ctx.op("select", away, ctx.op("add", t, ctx.op("sign", x)), t))]
 
 
 @rule("stablehlo.cbrt")

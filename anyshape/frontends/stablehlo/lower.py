@@ -7,7 +7,9 @@ ops are lowered in order through the rule table (``context.RULES``, filled by
 ``elementwise.py``, ``shape_ops.py``, ``compute_ops.py``, ``dialect_ops.py``).
 
 - ``func.call`` is inlined: the callee's body is lowered with the call's operand
-  values, so ``jax.export``'s wrapped main and private helpers vanish.
+  values, so ``jax.export``'s wrapped main and private helpers vanish. So is a
+  ``stablehlo.composite`` (jax wraps ``chlo.erf`` and others in one): its
+  decomposition function.
 - Symbols are named before lowering (``name_symbols``): a dim ``jax.export``
   passes to its wrapped function as ``jax.global_constant = "b"`` is ``b``; dims a
   ``shape_assertion`` checks equal share one symbol, so the call prologue reports
@@ -201,11 +203,12 @@ def lower_ops(ctx: LowerCtx, ops: list) -> list[Value]:
             operands.append(env[x])
         if name in RETURNS:
             return operands
-        if name == "func.call":
-            callee_name = str(o.attributes["callee"]).lstrip("@")
+        if name in ("func.call", "stablehlo.composite"):
+            key = "callee" if name == "func.call" else "decomposition"
+            callee_name = str(o.attributes[key]).lstrip("@")
             callee = ctx.program.functions.get(callee_name)
             if callee is None:
-                raise UnsupportedError(f"func.call of @{callee_name}, which the module lacks")
+                raise UnsupportedError(f"{name} of @{callee_name}, which the module lacks")
             outs = lower_function(ctx, callee, operands)
         else:
             outs = _lower_op(ctx, OpView(op, operands, ctx.program))
