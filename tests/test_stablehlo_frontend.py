@@ -287,6 +287,11 @@ def _semantics_cases():
             [jax.ShapeDtypeStruct((8, 8), f32)],
             [rng.standard_normal((8, 8)).astype(f32)],
         ),
+        "an input dim of 2*b": (
+            lambda x: x.reshape(x.shape[0] // 2, 2 * x.shape[1]),
+            [jax.ShapeDtypeStruct(jax.export.symbolic_shape("2*b, s"), f32)],
+            [rng.standard_normal((6, 3)).astype(f32)],
+        ),
         "integer constants wrap": (
             lambda x: x + jnp.array([-1, 2], i32).astype(jnp.uint32),
             [jax.ShapeDtypeStruct((2,), np.uint32)],
@@ -297,6 +302,7 @@ def _semantics_cases():
 
 @pytest.mark.parametrize("name", sorted(_semantics_cases()))
 def test_stablehlo_semantics_match_jax(name):
+    # each case one shape: what it checks is an op's meaning
     fn, specs, args = _semantics_cases()[name]
     exported = jax_models.export_fn(fn, specs)
     module = anyshape.jax.compile(exported)
@@ -304,3 +310,12 @@ def test_stablehlo_semantics_match_jax(name):
     got = jax.tree_util.tree_leaves(module(*args))
     for w, g in zip(want, got):
         np.testing.assert_allclose(g, np.asarray(w), rtol=1e-6, atol=1e-6)
+
+
+def test_an_odd_size_for_a_dim_of_2b_is_refused():
+    (d,) = jax.export.symbolic_shape("2*b")
+    exported = jax_models.export_fn(lambda x: x * 2, [jax.ShapeDtypeStruct((d,), np.float32)])
+    module = anyshape.jax.compile(exported)
+    np.testing.assert_array_equal(module(np.ones(4, np.float32)), np.full(4, 2, np.float32))
+    with pytest.raises(InputError, match="remainder"):
+        module(np.ones(5, np.float32))

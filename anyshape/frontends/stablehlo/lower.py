@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ...errors import UnsupportedError
 from ...ir.graph import Graph, GraphBuilder
-from ...ir.symbolic import SymExpr, as_dim, as_expr
+from ...ir.symbolic import SymExpr, as_dim, as_expr, floordiv, mod
 from ...ir.types import TensorType
 from ..building import ir_name
 from ..values import Value, lowering_error
@@ -154,7 +154,7 @@ def name_symbols(program: Program, names: list[str]) -> dict[tuple[int, int], Sy
             if callee is None:
                 continue
             for x, a in zip(o.operands, _arg_attrs(callee, "arg_attrs", len(o.operands))):
-                if x in dim_of and "jax.global_constant" in a:
+                if x in dim_of and str(a.get("jax.global_constant", '""')).strip('"'):
                     label[dim_of[x]] = str(a["jax.global_constant"]).strip('"')
     by_root: dict[tuple[int, int], str] = {}
     for key, text in label.items():
@@ -209,12 +209,36 @@ def lower_ops(ctx: LowerCtx, ops: list) -> list[Value]:
             callee = ctx.program.functions.get(callee_name)
             if callee is None:
                 raise UnsupportedError(f"{name} of @{callee_name}, which the module lacks")
-            outs = lower_function(ctx, callee, operands)
+            outs = _dim_division(callee_name, operands) or lower_function(ctx, callee, operands)
         else:
             outs = _lower_op(ctx, OpView(op, operands, ctx.program))
         for r, v in zip(o.results, outs):
             env[r] = v
     raise UnsupportedError("a function or region without a return")
+
+
+_DIM_DIVISIONS = {"floor_divide": floordiv, "remainder": mod}
+
+
+def _dim_division(callee: str, operands: list[Value]) -> list[Value] | None:
+    """jax's private ``@floor_divide`` / ``@remainder`` helpers (written with ``sign`` and
+    ``select``) on dims: the floor division or modulo of the dims, when the numerator
+    is a dim (never negative) and the divisor a positive constant."""
+    fn = _DIM_DIVISIONS.get(callee)
+    if fn is None or len(operands) != 2 or any(v.rank != 0 for v in operands):
+        return None
+    a, b = (v.known if v.known is not None else _int_const(v) for v in operands)
+    if a is None or b is None or not as_expr(a[0]).nonneg:
+        return None
+    if not isinstance(as_dim(b[0]), int) or as_dim(b[0]) <= 0:
+        return None
+    return [Value.of_known((as_dim(fn(as_expr(a[0]), as_dim(b[0]))),), operands[0].dtype, True)]
+
+
+def _int_const(v: Value) -> tuple | None:
+    if v.const is not None and v.const.dtype.kind in "iu":
+        return (int(v.const.reshape(-1)[0]),)
+    return None
 
 
 def _lower_op(ctx: LowerCtx, view: OpView) -> list[Value]:
