@@ -53,6 +53,14 @@ class Value:
     def rank(self) -> int:
         return len(self.shape)
 
+    def dims(self) -> tuple | None:
+        """The elements as dims: ``known``, or an integer constant of rank 0 or 1."""
+        if self.known is not None:
+            return self.known
+        if self.const is not None and self.const.dtype.kind in "iu" and self.const.ndim <= 1:
+            return tuple(int(x) for x in self.const.reshape(-1))
+        return None
+
     @staticmethod
     def of_node(node: Node) -> Value:
         return Value(node.dtype, tuple(node.shape), node=node)

@@ -110,10 +110,9 @@ class LowerCtx(ValueLowering):
     @staticmethod
     def known_of(v: Value, what: str) -> tuple:
         """The elements of an integer vector as dims (constants or shape values)."""
-        if v.known is not None:
-            return v.known
-        if v.const is not None and v.const.dtype.kind in "iu" and v.const.ndim <= 1:
-            return tuple(int(x) for x in v.const.reshape(-1))
+        dims = v.dims()
+        if dims is not None:
+            return dims
         if v.input_name is not None:
             raise NeedsInputValue(v.input_name, what)
         raise UnsupportedError(

@@ -336,13 +336,6 @@ def _indices_as_batch(ctx: LowerCtx, idx: Node, index_vector_dim: int) -> Node:
     return idx
 
 
-def _clamped_indices(ctx: LowerCtx, idx: Node, n) -> Node:
-    idx = ctx.cast(idx, DType.i64)
-    hi = ctx.broadcast_to(ctx.scalar(as_dim(as_expr(n) - 1), DType.i64), idx.shape)
-    lo = ctx.full(0, idx.shape, DType.i64)
-    return ctx.op("max", ctx.op("min", idx, hi), lo)
-
-
 @rule("stablehlo.gather", "stablehlo.dynamic_gather")
 def _gather(ctx: LowerCtx, op: OpView) -> list[Value]:
     stablehlo = import_bindings()[1]
@@ -373,7 +366,7 @@ def _gather(ctx: LowerCtx, op: OpView) -> list[Value]:
             if not ctx.b.constraints.prove_eq(sizes[d], x.shape[d]):
                 raise UnsupportedError(f"a gather taking part of dim {d} (slice size {sizes[d]})")
     idx = _indices_as_batch(ctx, idx, dn.index_vector_dim)
-    out = ctx.op("gather", x, _clamped_indices(ctx, idx, x.shape[a]), axis=a)
+    out = ctx.op("gather", x, ctx.clamp_index(idx, as_dim(as_expr(x.shape[a]) - 1)), axis=a)
     # IR order: x[:a], idx dims, x[a+1:]; StableHLO: offset dims at offset_dims, batch elsewhere
     ir_offsets = [*range(a), *range(a + idx.rank, out.rank)]
     ir_batch = list(range(a, a + idx.rank))
@@ -400,7 +393,7 @@ def _point_gather(ctx: LowerCtx, x: Node, idx: Node, start_map, ivd: int) -> Nod
             limit=tuple(idx.shape[:-1]) + (k + 1,),
             stride=(1,) * idx.rank,
         )
-        comp = _clamped_indices(ctx, ctx.reshape(comp, batch), x.shape[a])
+        comp = ctx.clamp_index(ctx.reshape(comp, batch), as_dim(as_expr(x.shape[a]) - 1))
         stride = shape_numel(x.shape[a + 1 :])
         if as_dim(stride) != 1:
             comp = ctx.op(

@@ -217,14 +217,26 @@ class LowerCtx(ValueLowering):
 
     def known_of(self, v: Value, what: str) -> tuple:
         """The elements of an integer vector or scalar as dims (constants or shape values)."""
-        if v.known is not None:
-            return v.known
-        if v.const is not None and v.const.dtype.kind in "iu" and v.const.ndim <= 1:
-            return tuple(int(x) for x in v.const.reshape(-1))
+        dims = v.dims()
+        if dims is not None:
+            return dims
         raise UnsupportedError(
             f"{what} must be known at compile time (a constant or computed from shapes); "
             "here it depends on tensor data"
         )
+
+    def clamp_index(self, idx, hi):
+        """Integer indices (a node) as i64, clamped to ``[0, hi]`` (a dim), as StableHLO
+        clamps the start indices of slices and gathers."""
+        idx = self.cast(idx, DType.i64)
+        top = self.broadcast_to(self.scalar(hi, DType.i64), idx.shape)
+        return self.op("max", self.op("min", idx, top), self.full(0, idx.shape, DType.i64))
+
+    def window(self, start, n):
+        """The indices ``start + [0, n)`` of a window whose start (an i64 scalar node) is
+        read from tensor data."""
+        idx = self.op("iota", shape=(n,), dim=0, dtype=DType.i64)
+        return self.op("add", idx, self.broadcast_to(start, (n,)))
 
     def const_of(self, v: Value, what: str) -> np.ndarray:
         if v.const is not None:

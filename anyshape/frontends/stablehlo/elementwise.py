@@ -73,17 +73,9 @@ BINARY = {
 DIRECTIONS = {"EQ": "eq", "NE": "ne", "LT": "lt", "LE": "le", "GT": "gt", "GE": "ge"}
 
 
-def _known_dims(v: Value) -> tuple | None:
-    if v.known is not None:
-        return v.known
-    if v.const is not None and v.const.dtype.kind in "iu" and v.const.ndim <= 1:
-        return tuple(int(x) for x in v.const.reshape(-1))
-    return None
-
-
 def _fold(op: OpView, fn) -> list[Value] | None:
     """``fn`` over the elements of known integer operands, or None if any is not known."""
-    dims = [_known_dims(v) for v in op.operands]
+    dims = [v.dims() for v in op.operands]
     if any(d is None for d in dims) or not op.operands:
         return None
     v0 = op.operands[0]
@@ -202,7 +194,7 @@ def _compare(ctx: LowerCtx, op: OpView) -> list[Value]:
     if direction not in DIRECTIONS:
         raise UnsupportedError(f"comparison direction {direction}")
     a, b = op.operands
-    da, db = _known_dims(a), _known_dims(b)
+    da, db = a.dims(), b.dims()
     if da is not None and db is not None and a.rank == 0 and b.rank == 0:
         x, y = as_dim(da[0]), as_dim(db[0])
         if isinstance(x, int) and isinstance(y, int):
@@ -239,7 +231,7 @@ def _clamp(ctx: LowerCtx, op: OpView) -> list[Value]:
 def _convert(ctx: LowerCtx, op: OpView) -> list[Value]:
     (x,) = op.operands
     dtype = op.result_dtype()
-    dims = _known_dims(x)
+    dims = x.dims()
     if dims is not None and dtype.is_int and not dtype.is_bool:
         return [Value.of_known(dims, dtype, scalar=x.rank == 0)]
     if x.const is not None and x.const.size <= 64:

@@ -227,18 +227,12 @@ def _dim_division(callee: str, operands: list[Value]) -> list[Value] | None:
     fn = _DIM_DIVISIONS.get(callee)
     if fn is None or len(operands) != 2 or any(v.rank != 0 for v in operands):
         return None
-    a, b = (v.known if v.known is not None else _int_const(v) for v in operands)
+    a, b = (v.dims() for v in operands)
     if a is None or b is None or not as_expr(a[0]).nonneg:
         return None
     if not isinstance(as_dim(b[0]), int) or as_dim(b[0]) <= 0:
         return None
     return [Value.of_known((as_dim(fn(as_expr(a[0]), as_dim(b[0]))),), operands[0].dtype, True)]
-
-
-def _int_const(v: Value) -> tuple | None:
-    if v.const is not None and v.const.dtype.kind in "iu":
-        return (int(v.const.reshape(-1)[0]),)
-    return None
 
 
 def _lower_op(ctx: LowerCtx, view: OpView) -> list[Value]:

@@ -102,12 +102,9 @@ def _reshape(ctx: LowerCtx, op: OpView) -> list[Value]:
         shape = ctx.known_of(op.operands[1], "dynamic_reshape's output shape")
     else:
         shape = op.static_result_shape()
-    dims = x.known
-    if dims is None and x.const is not None and x.const.size <= 64:
-        if x.const.dtype.kind in "iu":
-            dims = tuple(int(v) for v in x.const.reshape(-1))
-        else:
-            return [Value.of_const(x.const.reshape(shape))]
+    if x.const is not None and x.const.dtype.kind not in "iu" and x.const.size <= 64:
+        return [Value.of_const(x.const.reshape(shape))]
+    dims = x.dims() if x.const is None or x.const.size <= 64 else None
     if dims is not None and len(shape) <= 1:
         return [Value.of_known(dims, x.dtype, scalar=len(shape) == 0)]
     return [Value.of_node(ctx.reshape(ctx.node(x), shape))]
@@ -166,7 +163,7 @@ def _concatenate(ctx: LowerCtx, op: OpView) -> list[Value]:
     axis = op.int_attr("dimension")
     parts = op.operands
     if axis == 0 and all(v.rank == 1 for v in parts):
-        known = [_known(v) for v in parts]
+        known = [v.dims() for v in parts]
         if all(k is not None for k in known):
             return [Value.of_known(sum(known, ()), op.result_dtype())]
     nodes = [ctx.node(v) for v in parts]
@@ -175,20 +172,12 @@ def _concatenate(ctx: LowerCtx, op: OpView) -> list[Value]:
     ]
 
 
-def _known(v: Value) -> tuple | None:
-    if v.known is not None:
-        return v.known
-    if v.const is not None and v.const.dtype.kind in "iu" and v.const.ndim <= 1:
-        return tuple(int(x) for x in v.const.reshape(-1))
-    return None
-
-
 @rule("stablehlo.slice")
 def _slice(ctx: LowerCtx, op: OpView) -> list[Value]:
     x = op.operands[0]
     start, limit = op.ints("start_indices"), op.ints("limit_indices")
     stride = op.ints("strides", (1,) * x.rank)
-    known = _known(x)
+    known = x.dims()
     if known is not None and x.rank == 1:
         return [Value.of_known(known[start[0] : limit[0] : stride[0]], x.dtype)]
     return [Value.of_node(_static_slice(ctx, ctx.node(x), start, limit, stride))]
@@ -230,10 +219,8 @@ def _real_dynamic_slice(ctx: LowerCtx, op: OpView) -> list[Value]:
     out = _static_slice(ctx, x, start, limit, stride)
     for d, s, n in moving:
         at = s if isinstance(s, Node) else ctx.scalar(s, DType.i64)
-        hi = ctx.scalar(as_dim(as_expr(x.shape[d]) - n), DType.i64)
-        at = ctx.op("max", ctx.op("min", ctx.cast(at, DType.i64), hi), ctx.const(0, DType.i64))
-        idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
-        out = ctx.op("gather", out, ctx.op("add", idx, ctx.broadcast_to(at, (n,))), axis=d)
+        at = ctx.clamp_index(at, as_dim(as_expr(x.shape[d]) - n))
+        out = ctx.op("gather", out, ctx.window(at, n), axis=d)
     return [Value.of_node(out)]
 
 
@@ -243,7 +230,7 @@ def vector_elements(ctx: LowerCtx, v: Value, n: int) -> list:
     A vector built from scalars, constants and elementwise arithmetic on such vectors
     (jax clamps a slice's start vector so) keeps its known elements.
     """
-    known = _known(v)
+    known = v.dims()
     if known is not None:
         return list(known)
     node = ctx.node(v)
@@ -347,17 +334,14 @@ def _barrier(ctx: LowerCtx, op: OpView) -> list[Value]:
 
 def _clamped_start(ctx: LowerCtx, start: Value, dim, size) -> tuple:
     """A start index clamped to ``[0, dim - size]``: a dim when known, else an i64 node."""
-    k = _known(start) if start.rank == 0 else None
+    k = start.dims() if start.rank == 0 else None
     hi = as_expr(dim) - as_expr(size)
     if k is not None:
         s = as_expr(k[0])
         if s.is_constant and s.constant_value <= 0:
             return as_dim(0), None
         return as_dim(sym_max(sym_min(s, hi), as_expr(0))), None
-    node = ctx.cast(ctx.node(start), DType.i64)
-    node = ctx.op("min", node, ctx.scalar(as_dim(hi), DType.i64))
-    node = ctx.op("max", node, ctx.const(0, DType.i64))
-    return None, node
+    return None, ctx.clamp_index(ctx.node(start), as_dim(hi))
 
 
 @rule("stablehlo.dynamic_slice")
@@ -375,9 +359,7 @@ def _dynamic_slice(ctx: LowerCtx, op: OpView) -> list[Value]:
     for axis, ((_, node), n) in enumerate(zip(starts, sizes)):
         if node is None:
             continue
-        idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
-        idx = ctx.op("add", idx, ctx.broadcast_to(node, (n,)))
-        x = ctx.op("gather", x, idx, axis=axis)
+        x = ctx.op("gather", x, ctx.window(node, n), axis=axis)
     return [Value.of_node(x)]
 
 
@@ -409,7 +391,5 @@ def _dynamic_update_slice(ctx: LowerCtx, op: OpView) -> list[Value]:
             "one dim, or not covering the other dims whole"
         )
     (axis,) = moving
-    n = update.shape[axis]
-    idx = ctx.op("iota", shape=(n,), dim=0, dtype=DType.i64)
-    idx = ctx.op("add", idx, ctx.broadcast_to(starts[axis][1], (n,)))
+    idx = ctx.window(starts[axis][1], update.shape[axis])
     return [Value.of_node(ctx.op("scatter", base, idx, update, axis=axis, mode="set"))]
