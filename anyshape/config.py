@@ -57,11 +57,15 @@ class Options:
             "OpenMP's default elsewhere"
         },
     )
-    dnnl_matmul: bool = field(
-        default=True,
+    dnnl_matmul: str = field(
+        default="auto",
         metadata={
+            "choices": ("auto", "always", "off"),
+            "switch": ("auto", "off"),  # what True and False (or 1 and 0) mean
             "help": "CPU: 2-D float32 GEMMs by a constant weight run on oneDNN's matmul with the "
-            "weight packed once (off: OpenBLAS); needs the onednn-cpu-gomp package"
+            "weight packed once: auto (for the row counts where it beats the BLAS path on the "
+            "ISA oneDNN runs, measured per ISA), always, off (BLAS); needs the onednn-cpu-gomp "
+            "package",
         },
     )
     dnnl_conv: str = field(
@@ -119,6 +123,9 @@ class Options:
                 values[f.name] = _parse(f.type, v)  # dnnl_matmul="off" as the variable reads
             elif f.metadata.get("choices") and isinstance(v, str):
                 values[f.name] = v.lower()
+                if "switch" in f.metadata and values[f.name] not in f.metadata["choices"]:
+                    on = _parse(bool, v)  # dnnl_matmul=0 as the variable reads
+                    values[f.name] = f.metadata["switch"][0 if on else 1]
         try:
             return Options(**values)
         except OptionError as e:  # say where the bad value came from
@@ -129,6 +136,9 @@ class Options:
         for f in fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
+            if "switch" in f.metadata and isinstance(value, bool):
+                value = f.metadata["switch"][0 if value else 1]  # dnnl_matmul=False: "off"
+                object.__setattr__(self, f.name, value)
             if choices and value not in choices:
                 raise OptionError(
                     f.name,

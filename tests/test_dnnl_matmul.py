@@ -65,7 +65,7 @@ def _close(a, b):
 def test_every_row_count_through_one_primitive_per_site():
     torch.manual_seed(0)
     model = Mlp().eval()
-    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu", dnnl_matmul="always")
     Checker(_source(opt)).check_count(SITE, 3).check(MAIN)  # three sites, each in a kernel
     compilations = anyshape.stats()["compilations"]
     shapes = [(1, 1), (2, 5), (1, 7), (3, 64), (8, 129), (4, 300), (1, 1), (2, 5)]
@@ -76,6 +76,30 @@ def test_every_row_count_through_one_primitive_per_site():
             _close(opt(x), model(x))
     assert anyshape.stats()["compilations"] == compilations
     assert _runs(opt) - before == 3 * len(shapes)  # every GEMM of every call
+
+
+def _avx512(opt) -> bool:
+    """Whether oneDNN runs AVX-512 kernels here (its ISA, capped by ONEDNN_MAX_CPU_ISA)."""
+    isa = opt.report.clusters[0].compiled.native.native.lib.dnnl_get_effective_cpu_isa
+    return bool(isa() & 0x20)
+
+
+@pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
+def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
+    """``dnnl_matmul="auto"``: below 4 rows oneDNN's sgemm path (BLAS) wins on every ISA;
+    with AVX-512 the matmul runs from 4 rows up; with AVX2 from 4 to 127 rows, and only
+    for weights at most 3x wider than deep (``as_matmul_pays``, measured per ISA)."""
+    torch.manual_seed(7)
+    model = torch.nn.Linear(k, n).eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
+    wide = n > 3 * k
+    with torch.no_grad():
+        for rows, avx512, avx2 in [(1, 0, 0), (3, 0, 0), (4, 1, 1), (127, 1, 1), (128, 1, 0)]:
+            x = torch.randn(1, rows, k)
+            before = _runs(opt)
+            _close(opt(x), model(x))
+            want = avx512 if _avx512(opt) else avx2 and not wide
+            assert _runs(opt) - before == want, (rows, _avx512(opt))
 
 
 def test_weights_changed_in_place_are_seen():
@@ -215,4 +239,4 @@ def test_explain_names_the_gemms_onednn_runs():
     opt = anyshape.optimize(Mlp().eval(), (torch.randn(2, 5, 37),), backend="cpu")
     text = str(opt.explain())
     for name in ("up.weight", "down.weight", "w"):
-        assert f"[oneDNN matmul, weight {name}]" in text
+        assert f"[oneDNN matmul where it wins, weight {name}]" in text

@@ -110,7 +110,7 @@ def _conv_dnnl(c: _Conv, epilogue: list | None, matmul: bool) -> list:
     x, w = f"(const float*){c.px} + n * {c.C} * {c.Q}", f"(const float*){c.pw}"
     y = f"(float*){c.po} + n * {c.out_channels} * {c.P}"
     if matmul:
-        site = f"static AsMatmulSite dnnl_site = {{{c.cg}, {c.out_channels}, 1, "
+        site = f"static AsMatmulSite dnnl_site = {{{c.cg}, {c.out_channels}, 1, 1, "
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {c.P})"
     else:
         geometry = [c.cg, c.out_channels, *c.kernel, *c.stride, *c.pad, *c.dil]

@@ -13,6 +13,7 @@
 struct AsMatmulSite {
   int64_t k, n;
   int64_t transposed;  // the model holds the weight as [n, k] (nn.Linear), else [k, n]
+  int64_t always;      // run every row count here (else as_matmul_pays decides per call)
   AsWeightsCache weights;
   dnnl_primitive_t matmul;
   dnnl_memory_desc_t plain, packed, scratch;
@@ -22,6 +23,21 @@ struct AsMatmulSite {
 };
 
 #define AS_DNNL_RUNTIME_DIM INT64_MIN
+
+// Whether oneDNN's matmul beats the BLAS path (as_gemm_batch: oneDNN's sgemm 8 rows at a
+// time for few rows, else OpenBLAS) for m rows against a [k, n] weight, on the ISA oneDNN
+// runs. Measured with `python -m benchmarks.gemm_routes` on the 2-core Zen 4, with AVX-512
+// and restricted to AVX2 (docs/architecture.md, "GEMM routes per ISA"):
+// - below 4 rows the sgemm path wins on both (AVX-512: 156-259 GFLOP/s against 85-260 at
+//   2-3 rows);
+// - with AVX-512 the matmul wins from 4 rows up (390-515 against 215-290 at 64-1024 rows);
+// - with AVX2 it wins from 4 to 127 rows on weights at most 3x wider than deep (BERT's,
+//   T5's attention and down projections: 180-270 against 90-225), and loses on wider ones
+//   (512x2048, 768x3072: 100-165 against 150-230) and from 128 rows up (level or behind).
+static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n) {
+  if (m < 4) return false;
+  return as_dnnl_avx512() || (m < 128 && n <= 3 * k);
+}
 
 // GEMMs oneDNN ran, for tests and diagnostics (BLAS runs the others).
 static int64_t as_dnnl_matmul_runs = 0;
@@ -62,11 +78,13 @@ static bool as_matmul_make(AsMatmulSite* s) {
   return ok;
 }
 
-// c[m, n] = a[m, k] @ w, with w as the model holds it; false when oneDNN cannot run it or
+// c[m, n] = a[m, k] @ w, with w as the model holds it; false when oneDNN cannot run it,
+// the BLAS path is faster at m rows (unless the site runs every row count here), or
 // w needs packing and nobody watches it (packing it on every call would cost more than it
 // saves): the caller's GEMM runs instead.
 static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
+  if (!s->always && !as_matmul_pays(m, s->k, s->n)) return false;
   pthread_mutex_lock(&s->weights.mu);
   as_cache_list(&s->weights);
   if (!s->made) {

@@ -3,7 +3,8 @@
 Sits beside ``kernels`` (whose ``dot`` emitter is ``emit_dot``). A float32
 GEMM whose right operand is a 2-D model weight (a linear layer: ``x @ W.T`` or
 ``x @ W``) first tries oneDNN's matmul with the weight packed once
-(``dnnl_matmul.h``, only compiled when the build links oneDNN); every float dot
+(``dnnl_matmul.h``, only compiled when the build links oneDNN; at row counts
+where the BLAS path is faster on the ISA oneDNN runs it declines); every float dot
 has the BLAS path (``as_gemm_batch`` in ``prelude.h``: OpenBLAS, batched,
 transposes folded into the call); integer dots are a plain loop nest.
 """
@@ -28,8 +29,9 @@ def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:
 def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> Guarded:
     k, n = (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
     pa, pw, pc = scope.ptr(_operand(scope.sched, root.inputs[0])[0]), scope.ptr(w), scope.ptr(root)
+    always = int(scope.sched.routes[id(root)].always)
     call = [
-        f"static AsMatmulSite dnnl_site = {{{k}, {n}, {int(transposed)}, "
+        f"static AsMatmulSite dnnl_site = {{{k}, {n}, {int(transposed)}, {always}, "
         "{PTHREAD_MUTEX_INITIALIZER}};",
         f"if (as_dnnl_matmul(&dnnl_site, (const float*){pa}, (const float*){pw}, (float*){pc}, "
         f"{scope.dim(root.shape[0])})) return 0;",

@@ -187,13 +187,27 @@ static const char* as_kernel_error(int code) {
 extern "C" int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_t K,
                           float alpha, const float* A, int64_t lda, const float* B, int64_t ldb,
                           float beta, float* C, int64_t ldc);
-#define AS_SMALL_GEMM_ROWS 64
+extern "C" int dnnl_get_effective_cpu_isa(void);  // a dnnl_cpu_isa_t; ONEDNN_MAX_CPU_ISA caps it
+// Whether oneDNN's kernels run AVX-512 here (bit 0x20 is set from avx512_core up), asked
+// once: the routes between oneDNN and OpenBLAS are measured per ISA.
+static inline bool as_dnnl_avx512() {
+  static int isa = -1;
+  int seen = __atomic_load_n(&isa, __ATOMIC_RELAXED);
+  if (seen < 0) {
+    seen = dnnl_get_effective_cpu_isa();
+    __atomic_store_n(&isa, seen, __ATOMIC_RELAXED);
+  }
+  return (seen & 0x20) != 0;
+}
 // Each 8-row block reads all of B: more than one block only while B stays in half the
 // L3 cache (AS_L3_BYTES, from sysfs at build time). GPT-2's 154 MB output projection,
-// read from memory once per block, ran 2.8x slower.
+// read from memory once per block, ran 2.8x slower. With AVX2 OpenBLAS catches up by 16
+// rows and leads from 32 (181-225 GFLOP/s against 135-171 at 32-64 rows, BERT's and T5's
+// weights, `python -m benchmarks.gemm_routes`); with AVX-512 the blocks lead to 64 rows.
 static inline bool as_small_sgemm_fits(int64_t m, int64_t n, int64_t k) {
+  const int64_t most_rows = as_dnnl_avx512() ? 64 : 16;
   return m <= 8 ||
-         (m <= AS_SMALL_GEMM_ROWS && n * k * (int64_t)sizeof(float) <= (int64_t)AS_L3_BYTES / 2);
+         (m <= most_rows && n * k * (int64_t)sizeof(float) <= (int64_t)AS_L3_BYTES / 2);
 }
 static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
                                   const float* a, int64_t lda, const float* b, int64_t ldb,

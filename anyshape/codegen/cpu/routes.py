@@ -12,8 +12,11 @@ a translation unit the model cache kept builds either way (the cache key does
 not see whether the oneDNN package is installed).
 
 - oneDNN matmul: a float32 2-D dot whose right operand is a static 2-D model
-  weight read untransposed on the left (a linear layer), the weight packed once;
-  ``dnnl_matmul=False`` keeps BLAS.
+  weight read untransposed on the left (a linear layer), the weight packed once.
+  With ``dnnl_matmul="auto"`` each call checks whether the matmul beats the BLAS
+  path at its row count on the ISA oneDNN runs (``as_matmul_pays`` in
+  ``dnnl_matmul.h``, measured per ISA) and otherwise runs BLAS; ``"always"``
+  runs every row count there, ``"off"`` keeps BLAS.
 - oneDNN convolution: a float32 2-D convolution without groups on a model
   weight (``passes.channels_last.onednn_convolution``), channels last, or
   channels first with a kernel over 1x1 (a 1x1 kernel channels first stays a
@@ -41,7 +44,7 @@ from .costs import CPU_COSTS
 class CpuSettings:
     """What ``Options`` says to the CPU backend's planning and emission."""
 
-    dnnl_matmul: bool = True
+    dnnl_matmul: str = "auto"  # one of the option's choices (config.py)
     dnnl_conv: str = "channels_last"  # one of the option's choices (config.py)
 
     @staticmethod
@@ -56,10 +59,13 @@ class Route:
     header: str  # dnnl_matmul.h or dnnl_conv.h
     weight: Node
     as_matmul: bool = False  # a channels-last 1x1 convolution run as oneDNN's matmul
+    always: bool = False  # a linear layer's matmul runs every row count (else per ISA)
 
     @property
     def description(self) -> str:
         what = "oneDNN matmul" if self.header == "dnnl_matmul.h" else "oneDNN convolution"
+        if self.header == "dnnl_matmul.h" and not self.as_matmul and not self.always:
+            what += " where it wins"
         return f"{what}, weight {self.weight.attr('name')}"
 
 
@@ -106,11 +112,11 @@ def _runs_as_matmul(root: Node) -> bool:
 
 
 def _matmul_route(sched, root: Node, settings: CpuSettings) -> Route | None:
-    if not settings.dnnl_matmul or root.op != "dot" or root.dtype != DType.f32 or root.rank != 2:
+    if settings.dnnl_matmul == "off" or root.op != "dot" or root.dtype != DType.f32 or root.rank != 2:
         return None
     a = sched.transposed_operands.get(id(root.inputs[0]))
     w = sched.transposed_operands.get(id(root.inputs[1]), root.inputs[1])
     static = all(isinstance(d, int) and d > 0 for d in w.shape)
     if a is None and w.op == "param" and w.rank == 2 and static:
-        return Route("dnnl_matmul.h", w)
+        return Route("dnnl_matmul.h", w, always=settings.dnnl_matmul == "always")
     return None

@@ -1,0 +1,82 @@
+"""GEMM routes per ISA: GFLOP/s of a linear layer through each route anyshape can take.
+
+Run: ``python -m benchmarks.gemm_routes [--rows 1,4,16,64,256,1024]``. For each
+weight shape (BERT's, GPT-2's and T5's linear layers and a tiny one) one model
+per route is compiled once and called at every row count (the rows are a
+dynamic dim):
+
+- ``matmul``: oneDNN's matmul on the weight packed once (``dnnl_matmul="always"``);
+- ``sgemm``: the BLAS path (``dnnl_matmul="off"``: oneDNN's sgemm 8 rows at a time
+  for few rows, OpenBLAS above);
+- ``openblas``: OpenBLAS alone (``small_gemm="openblas"``, no oneDNN);
+- ``auto``: what anyshape picks (``as_matmul_pays`` and ``as_small_sgemm_fits`` in
+  the CPU runtime, chosen from these measurements for the ISA oneDNN runs).
+
+To measure the AVX2 routes on an AVX-512 machine, restrict every library:
+``ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell`` and a ``CXX`` that builds
+for ``-march=x86-64-v3`` (docs/performance.md, "Restricting to AVX2").
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+ROUTES = {
+    "matmul": {"dnnl_matmul": "always"},
+    "sgemm": {"dnnl_matmul": "off"},
+    "openblas": {"dnnl_matmul": "off", "small_gemm": "openblas"},
+    "auto": {"dnnl_matmul": "auto"},
+}
+# (k, n): BERT-base and GPT-2 (768 -> 768 / 2304 / 3072, 3072 -> 768), T5-small
+# (512 -> 512 / 2048, 2048 -> 512), a wide one, and a tiny one.
+WEIGHTS = [
+    (512, 512), (512, 2048), (2048, 512), (768, 768), (768, 2304), (768, 3072), (3072, 768),
+    (1024, 4096), (64, 64),
+]  # fmt: skip
+
+
+def _median_seconds(fn, x, reps: int) -> float:
+    fn(x)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn(x)
+        times.append((time.perf_counter() - start) / reps)
+    return sorted(times)[2]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,2,4,16,64,128,256,1024")
+    parser.add_argument("--routes", default=",".join(ROUTES))
+    args = parser.parse_args(argv)
+    import torch
+
+    import anyshape
+    from benchmarks.probes import cpu_model
+
+    rows = [int(r) for r in args.rows.split(",")]
+    routes = args.routes.split(",")
+    print(f"{cpu_model()}, {torch.get_num_threads()} threads; GFLOP/s, routes {'/'.join(routes)}")
+    print("| k x n | " + " | ".join(f"m={m}" for m in rows) + " |")
+    print("|---" * (len(rows) + 1) + "|")
+    torch.manual_seed(0)
+    for k, n in WEIGHTS:
+        layer = torch.nn.Linear(k, n, bias=False).eval()
+        example = (torch.randn(8, k),)
+        compiled = [anyshape.optimize(layer, example, **ROUTES[r]) for r in routes]
+        cells = []
+        with torch.no_grad():
+            for m in rows:
+                x = torch.randn(m, k)
+                flops = 2 * m * k * n
+                reps = max(3, min(2000, int(1e9 / flops)))
+                rates = [flops / _median_seconds(c, x, reps) / 1e9 for c in compiled]
+                cells.append("/".join(f"{r:.0f}" for r in rates))
+        print(f"| {k} x {n} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
