@@ -82,15 +82,80 @@ def test_an_op_without_a_lowering_is_decomposed_first():
 class _InPlace(torch.nn.Module):
     def forward(self, x):
         y = x * 2
+        y.add_(1)  # a write into a value the program made: rewritten to y2 = y + 1
+        y.mul_(y)  # again, into the rewritten value
+        return y.relu(), torch.min(y, x), torch.max(x, y)
+
+
+class _WriteSeenThroughAView(torch.nn.Module):
+    def forward(self, x):
+        y = x * 2
+        first = y[:, 0]  # a view of y taken before the write: it must see the write
         y.add_(1)
-        return y.relu()
+        return first * 3, y
 
 
-def test_writes_to_operands_are_made_functional_by_decomposing_first():
-    model = _InPlace()
-    x = torch.randn(3, 4)
-    assert capture_export(model, (x,)).decomposed is True  # add_ writes to y
-    compiled = anyshape.optimize(model, (x,))
-    for n in (0, 2, 5):
-        y = torch.randn(n, 4)
-        torch.testing.assert_close(compiled(y), model(y))
+class _WriteIntoAnInput(torch.nn.Module):
+    def forward(self, x):
+        x.add_(1)
+        return x * 2
+
+
+def _matches(model, shapes, arity=1):
+    example = tuple(torch.randn(shapes[0]) for _ in range(arity))
+    compiled = anyshape.optimize(model, tuple(t.clone() for t in example))
+    for shape in shapes[1:]:
+        args = tuple(torch.randn(shape) for _ in range(arity))
+        got, want = compiled(*[a.clone() for a in args]), model(*[a.clone() for a in args])
+        for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+            torch.testing.assert_close(g, w)
+
+
+def test_writes_into_fresh_values_are_rewritten_and_lowered_as_exported():
+    captured = capture_export(_InPlace(), (torch.randn(3, 4),))
+    assert captured.decomposed is False
+    targets = [str(n.target) for n in captured.gm.graph.nodes if n.op == "call_function"]
+    assert "aten.add_.Tensor" not in targets and "aten.mul_.Tensor" not in targets
+    assert "aten.min.other" in targets and "aten.max.other" in targets  # lowered as exported
+    _matches(_InPlace(), [(3, 4), (0, 4), (2, 4), (5, 4)])
+
+
+def test_writes_another_value_can_see_are_made_functional_by_decomposing_first():
+    """A view taken before the write, or an input written to: decomposed first, as before."""
+    assert capture_export(_WriteSeenThroughAView(), (torch.randn(3, 4),)).decomposed is True
+    _matches(_WriteSeenThroughAView(), [(3, 4), (1, 4), (6, 4)])
+    assert capture_export(_WriteIntoAnInput(), (torch.randn(3, 4),)).decomposed is True
+    _matches(_WriteIntoAnInput(), [(3, 4), (0, 4), (2, 4)])
+
+
+class _ConvBn(torch.nn.Module):
+    """conv1d/conv2d and batch_norm as exported (eval mode), and padding='same'."""
+
+    def __init__(self, padding=1):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3, padding=padding, groups=3)
+        self.bn = torch.nn.BatchNorm2d(6)
+        self.conv1 = torch.nn.Conv1d(6, 4, 2, stride=2, bias=False)
+
+    def forward(self, x):
+        h = self.bn(self.conv(x)).relu()
+        h += x.repeat(1, 2, 1, 1)  # a residual written in place
+        return self.conv1(h.flatten(2))
+
+
+def test_convolutions_and_eval_batch_norm_lower_as_exported():
+    torch.manual_seed(3)
+    model = _ConvBn().eval()
+    with torch.no_grad():  # running statistics that are not the defaults
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    captured = capture_export(model, (torch.randn(2, 3, 6, 8),))
+    assert captured.decomposed is False
+    targets = {str(n.target) for n in captured.gm.graph.nodes if n.op == "call_function"}
+    assert {"aten.conv2d.default", "aten.conv1d.default", "aten.batch_norm.default"} <= targets
+    with torch.no_grad():
+        _matches(model, [(2, 3, 6, 8), (1, 3, 5, 7), (3, 3, 9, 4)])
+    same = _ConvBn(padding="same").eval()
+    assert capture_export(same, (torch.randn(2, 3, 6, 8),)).decomposed is True
+    with torch.no_grad():
+        _matches(same, [(2, 3, 6, 8), (1, 3, 5, 7)])

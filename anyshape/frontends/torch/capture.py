@@ -28,6 +28,7 @@ import torch.fx as fx
 from ...errors import CaptureError, UnsupportedError, first_line
 from ...ir.constraints import Guard
 from ...ir.symbolic import as_expr, format_dim
+from .fresh_writes import rewrite_fresh_writes
 from .size_rewrites import register_size_rewrites
 from .symbols import sympy_to_expr, to_dim
 
@@ -231,6 +232,8 @@ def capture_program(ep, name: str = "the program", decompose: bool | None = None
     the ops as exported (``linear``, ``layer_norm``, ``gelu``, ``embedding``,
     ``scaled_dot_product_attention``) are the ones anyshape fuses best anyway.
     """
+    if decompose is None and rewrite_fresh_writes(ep.graph):
+        ep.graph_module.recompile()
     decomposed = not lowers_as_exported(ep.graph) if decompose is None else decompose
     if decomposed:
         ep = _decompose(ep, name)

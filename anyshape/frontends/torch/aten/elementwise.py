@@ -52,8 +52,8 @@ def _scaled(ctx, x, alpha):
 _register_binary("add", aten.add.Tensor, aten.add.Scalar)
 _register_binary("sub", aten.sub.Tensor, aten.sub.Scalar)
 _register_binary("mul", aten.mul.Tensor, aten.mul.Scalar)
-_register_binary("max", aten.maximum.default)
-_register_binary("min", aten.minimum.default)
+_register_binary("max", aten.maximum.default, aten.max.other)
+_register_binary("min", aten.minimum.default, aten.min.other)
 _register_binary("atan2", aten.atan2.default, kind="INT_TO_FLOAT")
 for _op, _name in [
     ("eq", "eq"),

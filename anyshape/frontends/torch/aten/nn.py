@@ -184,6 +184,20 @@ def _batch_norm_train(ctx: LowerCtx, x, weight, bias, stats, momentum, eps):
     )
 
 
+def _eval_mode(node) -> bool:
+    args = [*node.args, *[None] * 9][:9]
+    return not node.kwargs.get("training", args[5])
+
+
+@lowering(aten.batch_norm.default, partial="training mode", covers_as_exported=_eval_mode)
+def _batch_norm_as_exported(ctx, x, weight, bias, running_mean, running_var, training, *rest):
+    """``F.batch_norm`` as exported, in eval mode (training mode is decomposed first)."""
+    if training or running_mean is None or running_var is None:
+        raise UnsupportedError("batch_norm as exported in training mode or without statistics")
+    momentum, eps = (*rest, 0.1, 1e-5)[:2]
+    return _finish(ctx, _batch_norm_eval(ctx, x, weight, bias, running_mean, running_var, eps))
+
+
 @lowering(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm_no_training(ctx, x, weight, bias, running_mean, running_var, momentum, eps):
     return _batch_norm(ctx, x, weight, bias, running_mean, running_var, False, momentum, eps)
@@ -218,6 +232,30 @@ def _convolution(
     if bias is not None:
         y = ctx.op("add", y, _per_channel(ctx, bias, y))
     return _finish(ctx, y)
+
+
+def _batched_numeric_padding(node) -> bool:
+    """A batched input and numeric padding (else decomposed first)."""
+    padding = node.kwargs.get("padding", node.args[4] if len(node.args) > 4 else 0)
+    x, w = (a.meta.get("val") if isinstance(a, torch.fx.Node) else None for a in node.args[:2])
+    batched = isinstance(x, torch.Tensor) and isinstance(w, torch.Tensor) and x.dim() == w.dim()
+    return batched and not isinstance(padding, str)
+
+
+@lowering(
+    aten.conv1d.default,
+    aten.conv2d.default,
+    aten.conv3d.default,
+    partial="padding='same' or 'valid', an unbatched input (decomposed first)",
+    covers_as_exported=_batched_numeric_padding,
+)
+def _conv_nd(ctx, x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    """``F.conv1d/2d/3d`` as exported, with numeric padding."""
+    if isinstance(padding, str):
+        raise UnsupportedError(f"convolution padding {padding!r} as exported")
+    if weight.rank != x.rank:
+        raise UnsupportedError("an unbatched convolution input as exported")
+    return _convolution(ctx, x, weight, bias, stride, padding, dilation, False, None, groups)
 
 
 # --- pooling ------------------------------------------------------------------------------
