@@ -107,7 +107,9 @@ def _matches(model, shapes, arity=1):
     for shape in shapes[1:]:
         args = tuple(torch.randn(shape) for _ in range(arity))
         got, want = compiled(*[a.clone() for a in args]), model(*[a.clone() for a in args])
-        for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        for g, w in zip(
+            got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]
+        ):
             torch.testing.assert_close(g, w)
 
 

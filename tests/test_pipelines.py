@@ -109,8 +109,16 @@ def test_artifacts_take_no_layout_pass_for_a_library_they_do_not_link():
 def test_option_values_are_parsed_and_checked_as_the_variables_are(monkeypatch):
     assert Options.from_env(dnnl_matmul="off", threads="2").dnnl_matmul == "off"
     # dnnl_matmul was a switch: True/False and 1/0 still read as auto/off
-    assert Options(dnnl_matmul=False).dnnl_matmul == "off" == Options.from_env(dnnl_matmul="0").dnnl_matmul
-    assert Options(dnnl_matmul=True).dnnl_matmul == "auto" == Options.from_env(dnnl_matmul="1").dnnl_matmul
+    assert (
+        Options(dnnl_matmul=False).dnnl_matmul
+        == "off"
+        == Options.from_env(dnnl_matmul="0").dnnl_matmul
+    )
+    assert (
+        Options(dnnl_matmul=True).dnnl_matmul
+        == "auto"
+        == Options.from_env(dnnl_matmul="1").dnnl_matmul
+    )
     with pytest.raises(ValueError, match=r"option dnnl_matmul must be one of auto, always, off"):
         Options(dnnl_matmul="sometimes")
     with pytest.raises(ValueError, match=r"option dnnl_conv must be one of .* got '1' \(keyword\)"):

@@ -112,7 +112,12 @@ def _runs_as_matmul(root: Node) -> bool:
 
 
 def _matmul_route(sched, root: Node, settings: CpuSettings) -> Route | None:
-    if settings.dnnl_matmul == "off" or root.op != "dot" or root.dtype != DType.f32 or root.rank != 2:
+    if (
+        settings.dnnl_matmul == "off"
+        or root.op != "dot"
+        or root.dtype != DType.f32
+        or root.rank != 2
+    ):
         return None
     a = sched.transposed_operands.get(id(root.inputs[0]))
     w = sched.transposed_operands.get(id(root.inputs[1]), root.inputs[1])
