@@ -37,6 +37,8 @@ WEIGHTS = [
 
 
 def _median_seconds(fn, x, reps: int) -> float:
+    """Median over 5 timings of ``reps`` back-to-back calls, per call: a single call of a
+    few-row GEMM is too short to time alone (benchmarks.fusion times single calls)."""
     fn(x)
     times = []
     for _ in range(5):

@@ -94,27 +94,27 @@ class OpView:
             raise UnsupportedError(f"{self.describe()}: no attribute {name!r}")
         return self.op.attributes[name]
 
+    def _absent(self, name: str, default):
+        """``default`` for an attribute the op does not have; without one, an error."""
+        if default is None:
+            raise UnsupportedError(f"{self.describe()}: no attribute {name!r}")
+        return default
+
     def int_attr(self, name: str, default: int | None = None) -> int:
         if not self.has(name):
-            if default is None:
-                raise UnsupportedError(f"{self.describe()}: no attribute {name!r}")
-            return default
+            return self._absent(name, default)
         ir = import_bindings()[0]
         return int(ir.IntegerAttr(self.attr(name)).value)
 
     def ints(self, name: str, default: tuple | None = None) -> tuple[int, ...]:
         """An ``array<i64: ...>``, a ``dense<...>`` of integers or an array of integers."""
         if not self.has(name):
-            if default is None:
-                raise UnsupportedError(f"{self.describe()}: no attribute {name!r}")
-            return tuple(default)
+            return tuple(self._absent(name, default))
         return attr_ints(self.attr(name))
 
     def string(self, name: str, default: str | None = None) -> str:
         if not self.has(name):
-            if default is None:
-                raise UnsupportedError(f"{self.describe()}: no attribute {name!r}")
-            return default
+            return self._absent(name, default)
         ir = import_bindings()[0]
         a = self.attr(name)
         if isinstance(a, ir.StringAttr):
@@ -214,6 +214,13 @@ class LowerCtx(ValueLowering):
     def __init__(self, builder, program):
         super().__init__(builder)
         self.program = program
+
+    def result_shape(self, op: OpView, shape_operand: int) -> tuple:
+        """The result shape of an op with a ``dynamic_`` form: read from its shape operand
+        (``shape_operand``) in that form, else its static result type."""
+        if op.name.startswith("stablehlo.dynamic_"):
+            return self.known_of(op.operands[shape_operand], f"{op.name}'s output shape")
+        return op.static_result_shape()
 
     def known_of(self, v: Value, what: str) -> tuple:
         """The elements of an integer vector or scalar as dims (constants or shape values)."""

@@ -98,10 +98,7 @@ def _assert_shapes(ctx: LowerCtx, op: OpView) -> None:
 @rule("stablehlo.reshape", "stablehlo.dynamic_reshape")
 def _reshape(ctx: LowerCtx, op: OpView) -> list[Value]:
     x = op.operands[0]
-    if op.name == "stablehlo.dynamic_reshape":
-        shape = ctx.known_of(op.operands[1], "dynamic_reshape's output shape")
-    else:
-        shape = op.static_result_shape()
+    shape = ctx.result_shape(op, 1)
     if x.const is not None and x.const.dtype.kind not in "iu" and x.const.size <= 64:
         return [Value.of_const(x.const.reshape(shape))]
     dims = x.dims() if x.const is None or x.const.size <= 64 else None
@@ -113,10 +110,7 @@ def _reshape(ctx: LowerCtx, op: OpView) -> list[Value]:
 @rule("stablehlo.broadcast_in_dim", "stablehlo.dynamic_broadcast_in_dim")
 def _broadcast_in_dim(ctx: LowerCtx, op: OpView) -> list[Value]:
     x = op.operands[0]
-    if op.name == "stablehlo.dynamic_broadcast_in_dim":
-        shape = ctx.known_of(op.operands[1], "dynamic_broadcast_in_dim's output shape")
-    else:
-        shape = op.static_result_shape()
+    shape = ctx.result_shape(op, 1)
     dims = op.ints("broadcast_dimensions")
     if x.known is not None and len(shape) == 1 and x.rank <= 1 and isinstance(shape[0], int):
         if len(x.known) == shape[0]:
@@ -150,10 +144,7 @@ def _broadcast(ctx: LowerCtx, op: OpView) -> list[Value]:
 
 @rule("stablehlo.iota", "stablehlo.dynamic_iota")
 def _iota(ctx: LowerCtx, op: OpView) -> list[Value]:
-    if op.name == "stablehlo.dynamic_iota":
-        shape = ctx.known_of(op.operands[0], "dynamic_iota's output shape")
-    else:
-        shape = op.static_result_shape()
+    shape = ctx.result_shape(op, 0)
     dim = op.int_attr("iota_dimension")
     return [Value.of_node(ctx.op("iota", shape=tuple(shape), dim=dim, dtype=op.result_dtype()))]
 

@@ -78,8 +78,6 @@ def _fresh(node: fx.Node) -> bool:
 
 def _may_alias(node: fx.Node) -> bool:
     """Whether ``node``'s result may share its operands' storage (conservatively yes)."""
-    if node.op == "output":
-        return False
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return True
     return _mutable_or_view(node.target)

@@ -190,11 +190,12 @@ def _eval_mode(node) -> bool:
 
 
 @lowering(aten.batch_norm.default, partial="training mode", covers_as_exported=_eval_mode)
-def _batch_norm_as_exported(ctx, x, weight, bias, running_mean, running_var, training, *rest):
+def _batch_norm_as_exported(
+    ctx, x, weight, bias, running_mean, running_var, training, momentum=0.1, eps=1e-5, *_
+):
     """``F.batch_norm`` as exported, in eval mode (training mode is decomposed first)."""
     if training or running_mean is None or running_var is None:
         raise UnsupportedError("batch_norm as exported in training mode or without statistics")
-    momentum, eps = (*rest, 0.1, 1e-5)[:2]
     return _finish(ctx, _batch_norm_eval(ctx, x, weight, bias, running_mean, running_var, eps))
 
 
