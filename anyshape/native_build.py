@@ -7,7 +7,8 @@ cache key hashes the source, the compiler's identity, the flags and that version
 library lands in ``~/.cache/anyshape`` (or ``$ANYSHAPE_CACHE_DIR``) under that key.
 Writes are atomic (build into a temporary file in the same folder, then rename), and
 each entry carries a SHA-256 of its bytes, so a truncated or corrupt entry is detected
-and rebuilt instead of loaded.
+and rebuilt instead of loaded. A program given as several translation units is compiled
+one compiler per unit, all at once, and linked.
 
 A unit may ``#include "anyshape_abi.h"`` (the tensor descriptor of every compiled
 library, ``runtime/anyshape_abi.h``): the header's text is pasted in place of that line
@@ -74,16 +75,24 @@ def _digest(path: Path) -> str:
 
 
 def build_cached(
-    source: str, name: str, flags: list[str], language: str = "c++", options: Options | None = None
+    source: str,
+    name: str,
+    flags: list[str],
+    language: str = "c++",
+    options: Options | None = None,
+    units: list[str] | None = None,
 ) -> Path:
     """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++.
 
-    ``options`` (default: as the environment sets them) give the compiler, the cache
-    folder and ``dump_dir``, where each newly built source is written too."""
+    ``units``: the same program as several translation units (the CPU backend splits a
+    large one), compiled in parallel and linked; the key covers them. ``options``
+    (default: as the environment sets them) give the compiler, the cache folder and
+    ``dump_dir``, where each newly built ``source`` is written too."""
     options = options or Options.from_env()
     source = with_abi_header(source)
+    units = [with_abi_header(u) for u in units] if units else []
     cxx, version = compiler(options.cxx)
-    key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION]).encode())
+    key = hashlib.sha256("\0".join([source, *units, version, " ".join(flags), VERSION]).encode())
     key = key.hexdigest()[:32]
     root = cache_dir(options.cache_dir)
     lib, stamp = root / f"{name}-{key}.so", root / f"{name}-{key}.sha256"
@@ -96,19 +105,46 @@ def build_cached(
         (Path(dump) / f"{name}-{key}{ext}").write_text(source)
     bump("native_builds")
     with tempfile.TemporaryDirectory(dir=root) as tmp:
-        src = Path(tmp) / f"graph{ext}"
-        src.write_text(source)
         out = Path(tmp) / "graph.so"
-        proc = subprocess.run(
-            [cxx, "-x", language, str(src), "-o", str(out), *flags], capture_output=True, text=True
-        )
-        if proc.returncode != 0:
+        if units:
+            error = _compile_and_link(cxx, language, units, Path(tmp), out, flags)
+        else:
+            src = Path(tmp) / f"graph{ext}"
+            src.write_text(source)
+            error = _run([cxx, "-x", language, str(src), "-o", str(out), *flags])
+        if error is not None:
             kept = root / f"{name}-{key}.failed{ext}"
             kept.write_text(source)
-            raise BuildError(f"C++ build failed (source kept at {kept}):\n{proc.stderr[-4000:]}")
+            raise BuildError(f"C++ build failed (source kept at {kept}):\n{error[-4000:]}")
         digest = _digest(out)
         os.replace(out, lib)
         tmp_stamp = Path(tmp) / "stamp"
         tmp_stamp.write_text(digest)
         os.replace(tmp_stamp, stamp)
     return lib
+
+
+def _run(command: list[str]) -> str | None:
+    """Run a compiler command: None, or its error output when it fails."""
+    proc = subprocess.run(command, capture_output=True, text=True)
+    return None if proc.returncode == 0 else proc.stderr
+
+
+def _compile_and_link(
+    cxx: str, language: str, units: list[str], tmp: Path, out: Path, flags: list[str]
+) -> str | None:
+    """Compile each unit to an object file, all at once, then link them into ``out``."""
+    ext = ".cpp" if language == "c++" else ".c"
+    procs, objects = [], []
+    for k, text in enumerate(units):
+        src, obj = tmp / f"unit{k}{ext}", tmp / f"unit{k}.o"
+        src.write_text(text)
+        objects.append(str(obj))
+        command = [cxx, "-x", language, str(src), "-c", "-o", str(obj), *flags]
+        procs.append(
+            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        )
+    errors = [err for p in procs if (err := p.communicate()[1]) is not None and p.returncode]
+    if errors:
+        return errors[0]
+    return _run([cxx, *objects, "-o", str(out), *flags])

@@ -33,7 +33,7 @@ class Mlp(torch.nn.Module):
 # A kernel's first line (host.py; some carry float options); the runtime headers end
 # before the first one.
 KERNEL = re.compile(
-    r"^static int (?:__attribute__\(\(.*\)\) )?(\w+)\(void\* const\* P, const int64_t\* D\) \{$",
+    r"^AS_KERNEL int (?:__attribute__\(\(.*\)\) )?(\w+)\(void\* const\* P, const int64_t\* D\) \{$",
     re.M,
 )
 # The host function, after every kernel, and each kernel call in it.

@@ -25,7 +25,7 @@ pytest.importorskip("importlib.metadata").distribution("onednn-cpu-gomp")  # a d
 SITE = "as_dnnl_conv2d(&dnnl_site"
 # A kernel's first line (codegen/cpu/host.py); the runtime headers end before the first one.
 KERNEL = re.compile(
-    r"^static int (?:__attribute__\(\(.*\)\) )?\w+\(void\* const\* P, const int64_t\* D\) \{$",
+    r"^AS_KERNEL int (?:__attribute__\(\(.*\)\) )?\w+\(void\* const\* P, const int64_t\* D\) \{$",
     re.M,
 )
 # The host function, after every kernel.

@@ -215,7 +215,9 @@ def test_kernels_with_float_sums_reassociate_and_stay_close_to_eager():
     opt = anyshape.optimize(model, (torch.randn(3, 16),))
     (cluster,) = opt.report.clusters
     source = cluster.compiled.native.source
-    kernels = [k for k in source.split("\nstatic int ")[1:] if k.lstrip().startswith(("k_", "__"))]
+    kernels = [
+        k for k in source.split("\nAS_KERNEL int ")[1:] if k.lstrip().startswith(("k_", "__"))
+    ]
     with_sums = [k for k in kernels if "reduction(+:" in k]
     assert with_sums and all(k.startswith("__attribute__((optimize(") for k in with_sums)
     assert any(not k.startswith("__attribute__") for k in kernels)

@@ -78,7 +78,7 @@ enum {
   AS_DNNL_ARG_SCRATCHPAD = 80,
 };
 
-static dnnl_engine_t as_dnnl_engine() {
+AS_SHARED dnnl_engine_t as_dnnl_engine() {
   static dnnl_engine_t engine = [] {
     dnnl_engine_t e = nullptr;
     return dnnl_engine_create(&e, AS_DNNL_CPU, 0) == 0 ? e : nullptr;
@@ -92,7 +92,7 @@ struct AsDnnlStream {
     if (s) dnnl_stream_destroy(s);
   }
 };
-static dnnl_stream_t as_dnnl_stream() {
+AS_SHARED dnnl_stream_t as_dnnl_stream() {
   static thread_local AsDnnlStream stream;
   if (!stream.s && dnnl_stream_create(&stream.s, as_dnnl_engine(), 1) != 0) stream.s = nullptr;
   return stream.s;
@@ -102,12 +102,13 @@ static dnnl_stream_t as_dnnl_stream() {
 // registers the weights it watches with `anyshape_watch_weights` and calls
 // `anyshape_weights_changed()` after any change). Other weights — a library loaded twice
 // serves models that may not watch theirs — are packed into each call's scratch space.
-static pthread_mutex_t as_watch_mu = PTHREAD_MUTEX_INITIALIZER;
-static const void** as_watched = nullptr;
-static int64_t as_nwatched = 0;
-static uint64_t as_weights_generation = 1;
+AS_SHARED pthread_mutex_t as_watch_mu = PTHREAD_MUTEX_INITIALIZER;
+AS_SHARED const void** as_watched = nullptr;
+AS_SHARED int64_t as_nwatched = 0;
+AS_SHARED uint64_t as_weights_generation = 1;
 // Registering weights also bumps the generation: new weights may sit where freed ones
 // were packed from.
+#ifdef AS_WITH_API
 extern "C" int anyshape_watch_weights(const void* const* weights, int64_t n) {
   pthread_mutex_lock(&as_watch_mu);
   const void** grown = (const void**)realloc(as_watched, sizeof(void*) * (as_nwatched + n + 1));
@@ -122,6 +123,7 @@ extern "C" int anyshape_watch_weights(const void* const* weights, int64_t n) {
 extern "C" void anyshape_weights_changed() {
   __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
 }
+#endif
 static bool as_is_watched(const void* weights) {
   pthread_mutex_lock(&as_watch_mu);
   bool found = false;
@@ -146,7 +148,7 @@ struct AsWeightsCache {
   AsWeightsCache* next;  // every site that has run, for `anyshape_unwatch_weights`
   bool listed;
 };
-static AsWeightsCache* as_sites = nullptr;
+AS_SHARED AsWeightsCache* as_sites = nullptr;
 
 // Called under c->mu on each use: the site joins the list `anyshape_unwatch_weights` walks.
 static void as_cache_list(AsWeightsCache* c) {
@@ -158,6 +160,7 @@ static void as_cache_list(AsWeightsCache* c) {
   pthread_mutex_unlock(&as_watch_mu);
 }
 
+#ifdef AS_WITH_API
 // The owner of these weights is gone: forget them and free their packed copies, unless
 // another owner (a second compiled model over the same weights, served by this library)
 // still watches them and may be running with those copies.
@@ -197,6 +200,7 @@ extern "C" void anyshape_unwatch_weights(const void* const* weights, int64_t n) 
   free(gone_list);
   __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
 }
+#endif
 
 // Frees what describing a primitive took, once it is made (or failed): its descriptor,
 // its attributes and the n memory descriptors it was described with (null ones skipped).

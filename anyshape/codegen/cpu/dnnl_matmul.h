@@ -40,10 +40,12 @@ static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n) {
 }
 
 // GEMMs oneDNN ran, for tests and diagnostics (BLAS runs the others).
-static int64_t as_dnnl_matmul_runs = 0;
+AS_SHARED int64_t as_dnnl_matmul_runs = 0;
+#ifdef AS_WITH_API
 extern "C" int64_t anyshape_dnnl_matmul_runs() {
   return __atomic_load_n(&as_dnnl_matmul_runs, __ATOMIC_RELAXED);
 }
+#endif
 
 // Row-major [m, cols] with m left to run time (AS_DNNL_RUNTIME_DIM) or given.
 static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols) {

@@ -1,7 +1,8 @@
 """The host program: one C++ function per compiled graph that runs a whole call.
 
 Sits at the end of CPU codegen. ``emit_translation_unit`` prints the prelude,
-each distinct kernel once, and ``anyshape_main``, which
+each distinct kernel once (each after a ``KERNEL_MARK`` line, so the build may
+compile them as several units), and ``anyshape_main``, which
 
 1. binds every symbol once from the input shapes (the same plan as the Python
    ``ShapeBinder``) and checks ranks, static dims, shared dims, ranges and the
@@ -80,6 +81,11 @@ class HostProgram:
     dnnl_routes: list[str]  # per kernel: what oneDNN runs when linked, else "" (explain)
 
 
+# Where each kernel and the host function start: the build may compile kernels as
+# translation units of their own, in parallel (build.py, ``split_units``).
+KERNEL_MARK = "// anyshape: kernel"
+HOST_MARK = "// anyshape: host"
+
 _REASSOCIATE = '__attribute__((optimize("associative-math", "no-signed-zeros"))) '
 
 
@@ -105,10 +111,13 @@ def emit_translation_unit(
         lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", *texts, "#endif"]
     for body, name in names.items():
         attr = _REASSOCIATE if "reduction(+:" in body else ""
-        lines.append(f"static int {attr}{name}(void* const* P, const int64_t* D) {{")
+        lines.append(KERNEL_MARK)
+        lines.append(f"AS_KERNEL int {attr}{name}(void* const* P, const int64_t* D) {{")
         lines += ["  " + ln for ln in body.splitlines()]
         lines += ["}", ""]
     host, slots = _host_function(graph, sched, buffer_of, kernels, names, extra_symbols)
+    lines.append(HOST_MARK)
+    lines += [f"AS_KERNEL int {name}(void* const* P, const int64_t* D);" for name in names.values()]
     lines += host
     params = [n.attr("name") for n in sched.materialized if n.op == "param"]
     labels = [kernel_label(k.root, len(members(sched, k.root))) for k in kernels]

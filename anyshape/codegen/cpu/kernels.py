@@ -2,7 +2,7 @@
 
 Sits between the schedule and the host program. ``emit_kernel`` turns one
 materialized root node into a ``Kernel``: a C++ function
-``static int k(void* const* P, const int64_t* D)`` over its own parameters
+``AS_KERNEL int k(void* const* P, const int64_t* D)`` over its own parameters
 (buffers ``P``, run-time integers ``D``) returning 0 or an error code. Kinds:
 
 - pointwise: the fused expression of the root at every output index; the outer

@@ -15,6 +15,23 @@
 // inline function that does float math, and the call stops the loop vectorizing (a sum
 // over relu: 97 -> 1362 us).
 #define AS_INLINE static inline __attribute__((always_inline))
+
+// One translation unit, or several built in parallel (codegen/cpu/build.py splits a large
+// one: AS_SPLIT_UNIT in each, AS_HOST_UNIT in the one holding anyshape_main). Split, the
+// process-wide state below is defined once for all units (C++17 inline variables and
+// functions, hidden from other libraries), kernels are called across units, and the C API
+// is defined in the host unit only (AS_WITH_API).
+#ifdef AS_SPLIT_UNIT
+#define AS_SHARED inline __attribute__((visibility("hidden")))
+#define AS_KERNEL __attribute__((visibility("hidden")))
+#ifdef AS_HOST_UNIT
+#define AS_WITH_API 1
+#endif
+#else
+#define AS_SHARED static
+#define AS_KERNEL static
+#define AS_WITH_API 1
+#endif
 AS_INLINE int64_t as_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 AS_INLINE int64_t as_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 // Elements per thread's share of a row split over `parts` threads: whole cache lines.
@@ -95,7 +112,7 @@ struct AsWorkspaceArena {
     keep = -1;
   }
 };
-static AsWorkspaceArena& as_workspace_arena() {
+AS_SHARED AsWorkspaceArena& as_workspace_arena() {
   static thread_local AsWorkspaceArena arena;
   return arena;
 }
@@ -106,7 +123,7 @@ struct AsWorkspaceLease {
   explicit AsWorkspaceLease(int64_t bytes) : data(as_workspace_arena().begin_call(bytes)) {}
   ~AsWorkspaceLease() { as_workspace_arena().end_call(); }
 };
-static void* as_scratch(int64_t bytes) {
+AS_SHARED void* as_scratch(int64_t bytes) {
   static thread_local AsArena arena;
   return arena.reserve(bytes);
 }
@@ -190,7 +207,7 @@ extern "C" int dnnl_sgemm(char transa, char transb, int64_t M, int64_t N, int64_
 extern "C" int dnnl_get_effective_cpu_isa(void);  // a dnnl_cpu_isa_t; ONEDNN_MAX_CPU_ISA caps it
 // Whether oneDNN's kernels run AVX-512 here (bit 0x20 is set from avx512_core up), asked
 // once: the routes between oneDNN and OpenBLAS are measured per ISA.
-static inline bool as_dnnl_avx512() {
+AS_SHARED bool as_dnnl_avx512() {
   static int isa = -1;
   int seen = __atomic_load_n(&isa, __ATOMIC_RELAXED);
   if (seen < 0) {
@@ -305,17 +322,19 @@ static void as_blas_threads(int sync, openblas_dojob_callback dojob, int numjobs
 
 // Threads per call. OpenMP's thread count is per calling thread, so every call sets it
 // for the thread it runs on (a Python thread other than the loader's would get the default).
-static int as_threads = 0;
+AS_SHARED int as_threads = 0;
 static inline void as_enter_threads() {
   if (as_threads > 0 && omp_get_max_threads() != as_threads) omp_set_num_threads(as_threads);
 }
 
+#ifdef AS_WITH_API
 extern "C" void anyshape_init(int num_threads) {
   as_threads = num_threads;
   if (num_threads > 0) omp_set_num_threads(num_threads);
   scipy_openblas_set_threads_callback_function(as_blas_threads);
   scipy_openblas_set_num_threads(num_threads > 0 ? num_threads : omp_get_max_threads());
 }
+#endif
 
 // Output buffers: the caller owns them and frees them with anyshape_free. malloc serves
 // large blocks from fresh mmap pages, so every call would fault in and zero its outputs
@@ -326,10 +345,10 @@ extern "C" void anyshape_init(int num_threads) {
 #define AS_OUT_MIN (INT64_C(1) << 20)
 #define AS_OUT_KEEP 8
 #define AS_OUT_KEEP_BYTES (INT64_C(1) << 30)
-static pthread_mutex_t as_out_mu = PTHREAD_MUTEX_INITIALIZER;
-static char* as_out_kept[AS_OUT_KEEP + 1];
-static int as_out_nkept = 0;
-static int64_t as_out_kept_bytes = 0;
+AS_SHARED pthread_mutex_t as_out_mu = PTHREAD_MUTEX_INITIALIZER;
+AS_SHARED char* as_out_kept[AS_OUT_KEEP + 1];
+AS_SHARED int as_out_nkept = 0;
+AS_SHARED int64_t as_out_kept_bytes = 0;
 
 static inline int64_t as_out_size(const char* base) { return *(const int64_t*)base; }
 
@@ -358,6 +377,7 @@ static void* as_out_alloc(int64_t bytes) {
 
 // The same allocator for runtimes that copy an output (one that is an input or a weight):
 // anyshape_free takes every output back.
+#ifdef AS_WITH_API
 extern "C" void* anyshape_alloc(int64_t bytes) { return as_out_alloc(bytes); }
 
 extern "C" void anyshape_free(void* p) {
@@ -385,7 +405,10 @@ extern "C" void anyshape_free(void* p) {
   pthread_mutex_unlock(&as_out_mu);
   for (int k = 0; k < ndropped; ++k) free(dropped[k]);
 }
+#endif
 
 // Per-call-site timing, off unless anyshape_profile_enable(1): one branch per kernel call.
-static int as_prof_on = 0;
+AS_SHARED int as_prof_on = 0;
+#ifdef AS_WITH_API
 extern "C" void anyshape_profile_enable(int on) { as_prof_on = on; }
+#endif

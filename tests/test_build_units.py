@@ -1,0 +1,124 @@
+"""A large generated program built as several translation units in parallel.
+
+``codegen/cpu/build.py`` splits one emitted program into units (each repeats the
+prelude, takes a share of the kernels; one holds the host function and the C API)
+and links them into one library. These tests force the split on small models and
+check that the split library computes what eager does and that the state the
+runtime headers share (oneDNN's call sites, the watched weights, the GEMM counter)
+is one state across its units.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+
+import pytest
+import torch
+
+import anyshape
+from anyshape import native_build
+from anyshape.codegen.cpu import build as cpu_build
+from anyshape.codegen.cpu.host import HOST_MARK, KERNEL_MARK
+from anyshape.native_build import BuildError
+
+KERNEL_DEF = re.compile(r"^AS_KERNEL int (?:__attribute__\(\(.*\)\) )?(\w+)\(.*\{$", re.M)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(37, 53)
+        self.down = torch.nn.Linear(53, 29)
+
+    def forward(self, x):
+        h = torch.nn.functional.gelu(self.up(x))
+        return torch.softmax(self.down(torch.layer_norm(h, (53,))), -1), h.sum(-1)
+
+
+@pytest.fixture
+def split_builds(monkeypatch, tmp_path):
+    """Every build splits into up to 6 units (a fresh cache); yields the unit counts built."""
+    monkeypatch.setattr(cpu_build, "UNIT_CHARS", 1)
+    monkeypatch.setattr(cpu_build, "build_jobs", lambda: 6)
+    monkeypatch.setenv("ANYSHAPE_CACHE_DIR", str(tmp_path))
+    built: list[int] = []
+    real = native_build._compile_and_link
+
+    def counting(cxx, language, units, *rest):
+        built.append(len(units))
+        return real(cxx, language, units, *rest)
+
+    monkeypatch.setattr(native_build, "_compile_and_link", counting)
+    return built
+
+
+def _source(opt) -> str:
+    (cluster,) = opt.report.clusters
+    return cluster.compiled.native.source
+
+
+def test_units_share_the_kernels_and_one_holds_the_host(split_builds):
+    torch.manual_seed(0)
+    opt = anyshape.optimize(Mlp().eval(), (torch.randn(2, 5, 37),), backend="cpu")
+    source = _source(opt)
+    units = cpu_build.split_units(source, 3)
+    assert split_builds == [6] and len(units) == 3
+    kernels = KERNEL_DEF.findall(source)
+    assert len(kernels) >= 3
+    defined = [name for unit in units for name in KERNEL_DEF.findall(unit)]
+    assert sorted(defined) == sorted(kernels)  # each kernel in exactly one unit
+    hosts = [u for u in units if "#define AS_HOST_UNIT" in u]
+    assert len(hosts) == 1 and all(u.startswith("#define AS_SPLIT_UNIT\n") for u in units)
+    assert all(("int anyshape_main(" in u) == (u in hosts) for u in units)
+
+
+def test_a_split_library_matches_eager_and_shares_the_runtime_state(split_builds):
+    """Kernels in the other units run oneDNN's matmul: its counter, read through the C
+    API in the host unit, counts them, and weights changed in place are seen through
+    the watch list the host unit registers."""
+    torch.manual_seed(1)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu", dnnl_matmul="always")
+    assert split_builds == [6]
+    units = cpu_build.split_units(_source(opt), 6)
+    assert any("as_dnnl_matmul(&dnnl_site" in u for u in units if "#define AS_HOST_UNIT" not in u)
+    native = opt.report.clusters[0].compiled.native.native
+    assert native.packs_weights  # the build links oneDNN (a dependency)
+    runs = native.lib.anyshape_dnnl_matmul_runs
+    runs.restype = ctypes.c_int64
+    compilations = anyshape.stats()["compilations"]
+    before = runs()
+    shapes = [(1, 1), (2, 5), (3, 64), (0, 4), (1, 7)]
+    with torch.no_grad():
+        for b, s in shapes:
+            x = torch.randn(b, s, 37)
+            for got, want in zip(opt(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        gemms = runs() - before
+        assert gemms == 2 * sum(1 for b, s in shapes if b * s)  # both linears, every call
+        model.up.weight.mul_(-2.0)
+        x = torch.randn(2, 9, 37)
+        for got, want in zip(opt(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert anyshape.stats()["compilations"] == compilations
+
+
+def test_a_small_program_stays_one_unit():
+    source = "prelude\n" + KERNEL_MARK + "\nAS_KERNEL int k_a() {}\n" + HOST_MARK + "\nmain\n"
+    assert cpu_build.split_units(source, 4) == [source]
+
+
+def test_a_unit_the_compiler_rejects_names_the_kept_source(tmp_path):
+    source = "int ok() { return 0; }\nint broken( {\n"
+    with pytest.raises(BuildError, match="source kept at") as e:
+        native_build.build_cached(
+            source,
+            "probe",
+            ["-O1", "-fPIC", "-shared"],
+            options=anyshape.config.Options(cache_dir=str(tmp_path)),
+            units=["int ok() { return 0; }\n", "int broken( {\n"],
+        )
+    assert "broken" in str(e.value)
+    kept = re.search(r"source kept at (\S+)\)", str(e.value)).group(1)
+    assert open(kept).read() == source
