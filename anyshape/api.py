@@ -23,10 +23,10 @@ from .frontends.torch.examples import (
     split_inputs,
     structure_error,
 )
-from .plugin.compile import CompileReport, compile_graph
 from .plugin.direct import FlatInputs, native_call, plan_direct
 from .plugin.explain import ExplainReport
 from .plugin.profile import ProfileReport
+from .plugin.report import CompileReport
 from .plugin.weights_watch import WeightsWatch
 from .stats import bump
 
@@ -281,6 +281,7 @@ def _compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options)
 
 def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):
     from .frontends.torch.capture import capture_export, needs_widening, widen_example
+    from .plugin.compile import compile_graph  # (not needed by a model the cache restores)
 
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         try:

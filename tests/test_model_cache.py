@@ -22,6 +22,13 @@ import anyshape
 from anyshape.frontends.torch import capture
 
 TOL = dict(rtol=1e-4, atol=1e-4)
+# What a compile from scratch loads and a restore from the model cache does not.
+CAPTURE_MODULES = (
+    "anyshape.plugin.compile",
+    "anyshape.plugin.partition",
+    "anyshape.frontends.torch.capture",
+    "anyshape.frontends.torch.aten",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -74,15 +81,21 @@ def test_second_optimize_restores_without_capture(tmp_path, monkeypatch):
 
 def test_new_process_hits_the_cache(tmp_path):
     script = tmp_path / "run.py"
+    # (the script imports no test module: this one loads capture to patch it)
     script.write_text(
         "import sys, torch, anyshape\n"
         f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
-        "from test_model_cache import _bert, _inputs\n"
-        "model = _bert()\n"
-        "opt = anyshape.optimize(model, _inputs(2, 8))\n"
-        "x = _inputs(3, 11)\n"
+        "from tiny_models import tiny_bert\n"
+        "torch.manual_seed(0)\n"
+        "model = tiny_bert(layer_norm_eps=1e-12, add_pooling_layer=False)\n"
+        "def inputs(b, s):\n"
+        "    return {'input_ids': torch.randint(0, 50, (b, s)),\n"
+        "            'attention_mask': torch.ones(b, s, dtype=torch.long)}\n"
+        "opt = anyshape.optimize(model, inputs(2, 8))\n"
+        "x = inputs(3, 11)\n"
         "err = (opt(**x).last_hidden_state - model(**x).last_hidden_state).abs().max().item()\n"
-        "print(anyshape.stats()['model_cache_hits'], err)\n"
+        f"capture = [m for m in {CAPTURE_MODULES!r} if m in sys.modules]\n"
+        "print(anyshape.stats()['model_cache_hits'], err, len(capture))\n"
     )
     env = {**__import__("os").environ, "ANYSHAPE_CACHE_DIR": str(tmp_path / "cache")}
     runs = []
@@ -91,10 +104,12 @@ def test_new_process_hits_the_cache(tmp_path):
             [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
         )
         assert done.returncode == 0, done.stderr[-2000:]
-        hits, err = done.stdout.split()
-        runs.append((int(hits), float(err)))
-    assert [h for h, _ in runs] == [0, 1]
-    assert all(e < 1e-4 for _, e in runs)
+        hits, err, loaded = done.stdout.split()
+        runs.append((int(hits), float(err), int(loaded)))
+    assert [h for h, _, _ in runs] == [0, 1]
+    assert all(e < 1e-4 for _, e, _ in runs)
+    # A restored model starts without loading capture, lowering rules or partitioning.
+    assert runs[0][2] > 0 and runs[1][2] == 0
 
 
 def test_changed_model_misses(tmp_path):

@@ -8,6 +8,7 @@ arrays, otherwise the graph has structure but no weights.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 
@@ -88,6 +89,15 @@ class _Cursor:
         return freeze_attr(self.expr())
 
     def tensor_type(self) -> TensorType:
+        """``f32[s0, 768]``; a model's types repeat, so each text is parsed once."""
+        self.skip_ws()
+        m = _TYPE_TEXT.match(self.text, self.pos)
+        if m:
+            self.pos = m.end()
+            return _tensor_type(m.group(0))
+        return self.tensor_type_here()
+
+    def tensor_type_here(self) -> TensorType:
         dt = DType.parse(self.ident())
         self.expect("[")
         dims = []
@@ -97,6 +107,19 @@ class _Cursor:
                 self.expect(",")
         self.expect("]")
         return TensorType(dt, dims)
+
+
+_TYPE_TEXT = re.compile(r"[\w.]+\[[^\[\]]*\]")  # a dtype and dims (no brackets in a dim)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_type(text: str) -> TensorType:
+    cursor = _Cursor(text)
+    t = cursor.tensor_type_here()
+    cursor.skip_ws()
+    if cursor.pos != len(text):
+        raise ValueError(f"unexpected {text[cursor.pos :]!r} after the type {text!r}")
+    return t
 
 
 def _parse_fact(line: str, store: ConstraintStore) -> None:

@@ -8,13 +8,12 @@ Counts one compilation per call in ``anyshape.stats()``.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
 
 from ..config import Options
-from ..errors import InputError, UnsupportedError, first_line
+from ..errors import UnsupportedError, first_line
 from ..frontends.torch.capture import symbol_sources
 from ..frontends.torch.lowering import is_tensor_node, lower_cluster, source_location
 from ..frontends.torch.random_ops import seed_dropout
@@ -25,48 +24,8 @@ from ..stats import bump
 from .assemble import assemble
 from .compiled_cluster import CompiledCluster
 from .partition import Fallback, PartitionPlan, plan_partitions
+from .report import ClusterInfo, CompileReport, ModelPrologue
 from .sizes_from_inputs import read_sizes_from_inputs
-
-
-@dataclass
-class ClusterInfo:
-    name: str
-    aten_ops: dict[str, int]
-    compiled: CompiledCluster
-
-
-@dataclass
-class CompileReport:
-    clusters: list[ClusterInfo] = field(default_factory=list)
-    fallbacks: list[Fallback] = field(default_factory=list)
-    input_specs: list[InputSpec] = field(default_factory=list)
-    facts: list[str] = field(default_factory=list)
-    capture: list[str] = field(default_factory=list)  # how the model was captured, if not whole
-
-
-class ModelPrologue:
-    """Checks a call's flat inputs against the compiled signature before anything runs."""
-
-    def __init__(self, names: list[str], binder: ShapeBinder):
-        self.names = names
-        self.binder = binder
-        self.__name__ = self.__qualname__ = "anyshape_prologue"  # FX codegen names it
-
-    def __call__(self, *inputs):
-        shapes, dtypes = [], []
-        for name, t in zip(self.names, inputs):
-            if not isinstance(t, torch.Tensor):
-                raise InputError(f"input {name!r} must be a tensor, got {type(t).__name__}")
-            if t.device.type != "cpu":
-                raise InputError(f"input {name!r} is on device {t.device}, expected cpu")
-            if t.dtype not in TORCH_TO_DTYPE:
-                raise InputError(f"input {name!r} has unsupported dtype {t.dtype}")
-            shapes.append(tuple(t.shape))
-            dtypes.append(TORCH_TO_DTYPE[t.dtype])
-        self.binder.bind(shapes, dtypes)
-
-    def __repr__(self) -> str:
-        return "anyshape_prologue"
 
 
 def _model_prologue(gm: fx.GraphModule, ranges, guards) -> ModelPrologue:

@@ -23,8 +23,8 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-from .compile import ModelPrologue
 from .compiled_cluster import CompiledCluster
+from .report import ModelPrologue
 
 
 class FlatInputs:

@@ -32,11 +32,11 @@ import torch
 from ..config import Options
 from ..errors import first_line
 from ..frontends.torch.lowering import source_location
-from .compile import ClusterInfo, CompileReport
 from .dynamo_backend import compile_forward, decomposition_table
 from .explain import ExplainReport
 from .partition import Fallback
 from .profile import ProfileReport
+from .report import ClusterInfo, CompileReport
 
 
 class DynamoModule(torch.nn.Module):

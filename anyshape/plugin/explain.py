@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from .compile import CompileReport
+from .report import CompileReport
 
 
 @dataclass

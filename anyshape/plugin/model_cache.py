@@ -45,9 +45,9 @@ from ..ir.printer import print_graph
 from ..ir.symbolic import format_dim, parse_expr
 from ..native_build import VERSION, cache_dir
 from ..runtime.binder import InputSpec, ShapeBinder
-from .compile import ClusterInfo, CompileReport, ModelPrologue
 from .compiled_cluster import CompiledCluster
 from .direct import DirectPlan, graph_module_of
+from .report import ClusterInfo, CompileReport, ModelPrologue
 from .weights_watch import resolve_tensor
 
 FORMAT = 4  # 4: what the backend kept is "saved", whatever the backend
