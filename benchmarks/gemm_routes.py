@@ -53,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,4,16,64,128,256,1024")
     parser.add_argument("--routes", default=",".join(ROUTES))
+    parser.add_argument(
+        "--weights", help="k x n shapes instead of the defaults, e.g. 64x256,1024x256"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -65,7 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     print("| k x n | " + " | ".join(f"m={m}" for m in rows) + " |")
     print("|---" * (len(rows) + 1) + "|")
     torch.manual_seed(0)
-    for k, n in WEIGHTS:
+    weights = WEIGHTS
+    if args.weights:
+        weights = [tuple(int(d) for d in w.split("x")) for w in args.weights.split(",")]
+    for k, n in weights:
         layer = torch.nn.Linear(k, n, bias=False).eval()
         example = (torch.randn(8, k),)
         compiled = [anyshape.optimize(layer, example, **ROUTES[r]) for r in routes]

@@ -8,6 +8,7 @@ several threads at once.
 
 from __future__ import annotations
 
+import ctypes
 import re
 
 import pytest
@@ -177,3 +178,35 @@ def test_one_model_called_from_several_threads_at_different_sizes():
     with torch.no_grad():
         expected = [model(x) for x in inputs]
     assert mismatches_from_threads(opt, inputs, expected) == []
+
+
+def _lib(opt):
+    return opt.report.clusters[0].compiled.native.native.lib
+
+
+@pytest.mark.parametrize("cin, cout", [(48, 40), (16, 64)])
+def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
+    """A channels-last 1x1 convolution is a GEMM of each image's pixels by the weight:
+    oneDNN's matmul runs it where ``as_matmul_pays`` says it beats the BLAS path at that
+    pixel count on the ISA oneDNN runs (the rule of linear layers: with AVX-512 from 4
+    pixels, with AVX2 from 4 to 127 on weights at most 3x wider than deep), else BLAS."""
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1), torch.nn.ReLU()).eval()
+    opt = anyshape.optimize(model, (torch.randn(2, cin, 6, 5),), backend="cpu")
+    assert "as_dnnl_matmul(&dnnl_site" in _source(opt)
+    runs = _lib(opt).anyshape_dnnl_matmul_runs
+    runs.restype = ctypes.c_int64
+    avx512 = bool(_lib(opt).dnnl_get_effective_cpu_isa() & 0x20)
+    wide = cout > 3 * cin
+    with torch.no_grad():
+        for (h, w), on_avx512, on_avx2 in [
+            ((1, 3), 0, 0),
+            ((2, 2), 1, 1),
+            ((8, 15), 1, 1),
+            ((8, 16), 1, 0),
+        ]:
+            x = torch.randn(2, cin, h, w)
+            before = runs()
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            want = on_avx512 if avx512 else on_avx2 and not wide
+            assert runs() - before == 2 * want, ((h, w), avx512)  # both images, or neither

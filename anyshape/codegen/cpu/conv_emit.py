@@ -12,6 +12,7 @@ of all images side by side when each image has few output positions.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...errors import UnsupportedError
 from ...ir.graph import Node
@@ -20,6 +21,9 @@ from . import pool_emit
 from .ctypes_map import c_type
 from .expr import KernelScope
 from .loop_ir import For, Guarded, if_, loop, text
+
+if TYPE_CHECKING:
+    from .routes import Route
 
 # Below this many output positions per image, a batch's columns share one GEMM.
 BATCHED_CONV_POSITIONS = 256
@@ -103,14 +107,16 @@ def _im2col_tap(c: _Conv) -> list[str]:
     return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
 
 
-def _conv_dnnl(c: _Conv, epilogue: list | None, matmul: bool) -> list:
+def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
     """One image at a time through oneDNN (``dnnl_conv.h``, or ``dnnl_matmul.h`` for a
     channels-last 1x1 kernel), each image's epilogue right after it. If the first image
-    cannot run there, im2col + GEMM below runs instead."""
+    cannot run there (or the matmul does not pay at the image's pixel count, the same
+    for every image of a call), im2col + GEMM below runs instead."""
     x, w = f"(const float*){c.px} + n * {c.C} * {c.Q}", f"(const float*){c.pw}"
     y = f"(float*){c.po} + n * {c.out_channels} * {c.P}"
-    if matmul:
-        site = f"static AsMatmulSite dnnl_site = {{{c.cg}, {c.out_channels}, 1, 1, "
+    if route.as_matmul:  # where it pays at P pixels (as_matmul_pays), or always
+        site = f"static AsMatmulSite dnnl_site = {{{c.cg}, {c.out_channels}, 1, "
+        site += f"{int(route.always)}, "
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {c.P})"
     else:
         geometry = [c.cg, c.out_channels, *c.kernel, *c.stride, *c.pad, *c.dil]
@@ -275,7 +281,7 @@ def emit_conv(scope: KernelScope, root: Node, epilogue: list | None) -> list:
     out: list = [text(f"if ({c.N} == 0 || {c.P} == 0) return 0;")]
     route = scope.sched.routes.get(id(root))  # oneDNN (routes.py), when linked
     if route is not None:
-        out += _conv_dnnl(c, epilogue, route.as_matmul)
+        out += _conv_dnnl(c, epilogue, route)
     if c.channels_last:
         return out + _conv_channels_last(c, epilogue)
     batched = [text(*_conv_batched(c))]
