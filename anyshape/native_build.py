@@ -85,14 +85,15 @@ def build_cached(
     """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++.
 
     ``units``: the same program as several translation units (the CPU backend splits a
-    large one), compiled in parallel and linked; the key covers them. ``options``
+    large one), compiled in parallel and linked. The key is ``source``'s: how many
+    units a machine splits it into does not change what the library computes. ``options``
     (default: as the environment sets them) give the compiler, the cache folder and
     ``dump_dir``, where each newly built ``source`` is written too."""
     options = options or Options.from_env()
     source = with_abi_header(source)
     units = [with_abi_header(u) for u in units] if units else []
     cxx, version = compiler(options.cxx)
-    key = hashlib.sha256("\0".join([source, *units, version, " ".join(flags), VERSION]).encode())
+    key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION]).encode())
     key = key.hexdigest()[:32]
     root = cache_dir(options.cache_dir)
     lib, stamp = root / f"{name}-{key}.so", root / f"{name}-{key}.sha256"
@@ -106,15 +107,16 @@ def build_cached(
     bump("native_builds")
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         out = Path(tmp) / "graph.so"
+        failed = source
         if units:
-            error = _compile_and_link(cxx, language, units, Path(tmp), out, flags)
+            error, failed = _compile_and_link(cxx, language, units, Path(tmp), out, flags)
         else:
             src = Path(tmp) / f"graph{ext}"
             src.write_text(source)
             error = _run([cxx, "-x", language, str(src), "-o", str(out), *flags])
-        if error is not None:
+        if error is not None:  # (the unit the error's line numbers refer to)
             kept = root / f"{name}-{key}.failed{ext}"
-            kept.write_text(source)
+            kept.write_text(failed)
             raise BuildError(f"C++ build failed (source kept at {kept}):\n{error[-4000:]}")
         digest = _digest(out)
         os.replace(out, lib)
@@ -132,19 +134,31 @@ def _run(command: list[str]) -> str | None:
 
 def _compile_and_link(
     cxx: str, language: str, units: list[str], tmp: Path, out: Path, flags: list[str]
-) -> str | None:
-    """Compile each unit to an object file, all at once, then link them into ``out``."""
+) -> tuple[str | None, str]:
+    """Compile each unit to an object file, all at once, then link them into ``out``.
+    Returns the error output (None when built) and the text it is about: a unit the
+    compiler rejected, else every unit."""
     ext = ".cpp" if language == "c++" else ".c"
-    procs, objects = [], []
-    for k, text in enumerate(units):
-        src, obj = tmp / f"unit{k}{ext}", tmp / f"unit{k}.o"
-        src.write_text(text)
-        objects.append(str(obj))
-        command = [cxx, "-x", language, str(src), "-c", "-o", str(obj), *flags]
-        procs.append(
-            subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        )
-    errors = [err for p in procs if (err := p.communicate()[1]) is not None and p.returncode]
-    if errors:
-        return errors[0]
-    return _run([cxx, *objects, "-o", str(out), *flags])
+    procs: list[subprocess.Popen] = []
+    objects = []
+    try:
+        for k, text in enumerate(units):
+            src, obj = tmp / f"unit{k}{ext}", tmp / f"unit{k}.o"
+            src.write_text(text)
+            objects.append(str(obj))
+            command = [cxx, "-x", language, str(src), "-c", "-o", str(obj), *flags]
+            procs.append(
+                subprocess.Popen(
+                    command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+                )
+            )
+        errors = [p.communicate()[1] for p in procs]
+    except BaseException:  # none may outlive the folder they write into
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise
+    for p, err, text in zip(procs, errors, units):
+        if p.returncode != 0:
+            return err or f"{cxx} exited with {p.returncode}", text
+    return _run([cxx, *objects, "-o", str(out), *flags]), "\n".join(units)

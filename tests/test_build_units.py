@@ -109,7 +109,7 @@ def test_a_small_program_stays_one_unit():
     assert cpu_build.split_units(source, 4) == [source]
 
 
-def test_a_unit_the_compiler_rejects_names_the_kept_source(tmp_path):
+def test_a_unit_the_compiler_rejects_is_kept_and_named(tmp_path):
     source = "int ok() { return 0; }\nint broken( {\n"
     with pytest.raises(BuildError, match="source kept at") as e:
         native_build.build_cached(
@@ -121,4 +121,18 @@ def test_a_unit_the_compiler_rejects_names_the_kept_source(tmp_path):
         )
     assert "broken" in str(e.value)
     kept = re.search(r"source kept at (\S+)\)", str(e.value)).group(1)
-    assert open(kept).read() == source
+    assert open(kept).read() == "int broken( {\n"  # the unit the error's lines refer to
+
+
+def test_the_cache_key_does_not_depend_on_the_split(split_builds, monkeypatch):
+    """A library built in 6 units serves a machine that would build it in 2 (a model
+    cache shared between machines of different core counts rebuilds nothing)."""
+    torch.manual_seed(2)
+    opt = anyshape.optimize(Mlp().eval(), (torch.randn(2, 5, 37),), backend="cpu")
+    source = _source(opt)
+    first = cpu_build.build_library(source, "cluster0")
+    builds = anyshape.stats()["native_builds"]
+    monkeypatch.setattr(cpu_build, "build_jobs", lambda: 2)
+    assert len(cpu_build.split_units(source, 2)) == 2
+    assert cpu_build.build_library(source, "cluster0") == first
+    assert anyshape.stats()["native_builds"] == builds and split_builds == [6]

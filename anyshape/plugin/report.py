@@ -1,7 +1,7 @@
 """What a plugin-mode compile hands back besides the module: the report and the input check.
 
-Sits beside ``plugin/compile.py``, which fills them, and is kept free of capture and
-lowering imports (torch.export, sympy) so that a model restored from the model cache
+Sits beside ``plugin/compile.py``, which fills them, and is kept free of capture,
+lowering-rule and partitioning imports so that a model restored from the model cache
 (``plugin/model_cache.py``) starts without loading them. ``CompileReport`` is what
 ``explain()`` prints; ``ModelPrologue`` checks a call's flat inputs.
 """

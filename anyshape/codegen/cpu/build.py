@@ -115,10 +115,11 @@ def split_units(source: str, jobs: int) -> list[str]:
     """``source`` (one translation unit from ``emit_translation_unit``) as up to ``jobs``
     units of about equal compile work: each repeats the prelude and takes a share of the
     kernels, the host unit (``AS_HOST_UNIT``) also the host function and the C API."""
-    head, _, host = source.partition(HOST_MARK)
-    common, *kernels = head.split(KERNEL_MARK)
+    head, _, host = source.partition(f"\n{HOST_MARK}\n")
+    common, *kernels = head.split(f"\n{KERNEL_MARK}\n")
     host_work = int(len(host) * HOST_WORK)
-    parts = max(1, min(jobs, (sum(map(len, kernels)) + host_work) // UNIT_CHARS))
+    work_units = (sum(map(len, kernels)) + host_work) // UNIT_CHARS
+    parts = max(1, min(jobs, work_units, len(kernels) + 1))
     if parts == 1:
         return [source]
     # Largest first onto the least loaded unit.
@@ -131,7 +132,7 @@ def split_units(source: str, jobs: int) -> list[str]:
     defines = ["#define AS_SPLIT_UNIT\n#define AS_HOST_UNIT\n"] + ["#define AS_SPLIT_UNIT\n"] * (
         parts - 1
     )
-    return [d + common + "".join(share) for d, share in zip(defines, shares)]
+    return [d + common + "\n" + "\n".join(share) for d, share in zip(defines, shares)]
 
 
 def links_onednn(options: Options) -> bool:
