@@ -9,6 +9,7 @@ several threads at once.
 from __future__ import annotations
 
 import ctypes
+import gc
 import re
 
 import pytest
@@ -117,12 +118,19 @@ def test_the_watch_is_what_keeps_packed_weights_current():
     assert cluster.compiled.native.packed_params == ["a.weight", "b.weight"]
     watch, opt._weights_watch = opt._weights_watch, None  # registered, versions unchecked
     x = torch.randn(1, 8, 10, 10)
-    with torch.no_grad():
-        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
-        model.b.weight.mul_(3.0)
-        assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
-        del watch  # its owner gone, the weights are unregistered: packed per call
-        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+    # Models of earlier tests share this library: one freed here would unregister its
+    # weights, which makes the library pack every weight again (the copy is then fresh).
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            model.b.weight.mul_(3.0)
+            assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
+            del watch  # its owner gone, the weights are unregistered: packed per call
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+    finally:
+        gc.enable()
 
 
 def test_unwatched_weights_are_packed_on_every_call():

@@ -10,6 +10,7 @@ call one model from several threads at once.
 from __future__ import annotations
 
 import ctypes
+import gc
 import re
 
 import pytest
@@ -127,12 +128,19 @@ def test_the_watch_is_what_keeps_packed_weights_current():
     assert cluster.compiled.native.packed_params == ["down.weight", "up.weight", "w"]
     watch, opt._weights_watch = opt._weights_watch, None  # registered, versions unchecked
     x = torch.randn(2, 11, 37)
-    with torch.no_grad():
-        _close(opt(x), model(x))
-        model.down.weight.mul_(3.0)
-        assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
-        del watch  # its owner gone, the weights are unregistered: BLAS reads them live
-        _close(opt(x), model(x))
+    # Models of earlier tests share this library: one freed here would unregister its
+    # weights, which makes the library pack every weight again (the copy is then fresh).
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.no_grad():
+            _close(opt(x), model(x))
+            model.down.weight.mul_(3.0)
+            assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
+            del watch  # its owner gone, the weights are unregistered: BLAS reads them live
+            _close(opt(x), model(x))
+    finally:
+        gc.enable()
 
 
 def test_unwatched_weights_take_blas():
