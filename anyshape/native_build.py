@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -80,18 +81,18 @@ def build_cached(
     flags: list[str],
     language: str = "c++",
     options: Options | None = None,
-    units: list[str] | None = None,
+    split: Callable[[str], list[str]] | None = None,
 ) -> Path:
     """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++.
 
-    ``units``: the same program as several translation units (the CPU backend splits a
-    large one), compiled in parallel and linked. The key is ``source``'s: how many
-    units a machine splits it into does not change what the library computes. ``options``
+    ``split``: on a miss, the same program as translation units to compile in parallel
+    and link (the CPU backend splits a large one; one unit: built whole). The key is
+    ``source``'s: how many units a machine splits it into does not change what the
+    library computes. ``options``
     (default: as the environment sets them) give the compiler, the cache folder and
     ``dump_dir``, where each newly built ``source`` is written too."""
     options = options or Options.from_env()
     source = with_abi_header(source)
-    units = [with_abi_header(u) for u in units] if units else []
     cxx, version = compiler(options.cxx)
     key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION]).encode())
     key = key.hexdigest()[:32]
@@ -108,7 +109,8 @@ def build_cached(
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         out = Path(tmp) / "graph.so"
         failed = source
-        if units:
+        units = split(source) if split else [source]
+        if len(units) > 1:
             error, failed = _compile_and_link(cxx, language, units, Path(tmp), out, flags)
         else:
             src = Path(tmp) / f"graph{ext}"

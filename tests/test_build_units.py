@@ -117,7 +117,7 @@ def test_a_unit_the_compiler_rejects_is_kept_and_named(tmp_path):
             "probe",
             ["-O1", "-fPIC", "-shared"],
             options=anyshape.config.Options(cache_dir=str(tmp_path)),
-            units=["int ok() { return 0; }\n", "int broken( {\n"],
+            split=lambda text: text.splitlines(keepends=True),  # two units
         )
     assert "broken" in str(e.value)
     kept = re.search(r"source kept at (\S+)\)", str(e.value)).group(1)

@@ -88,9 +88,8 @@ def build_library(
     options = options or Options.from_env()
     linked = small_gemm_flags(options.small_gemm) if target is NATIVE else []
     flags = FLAGS + list(target.flags) + blas_flags() + linked
-    units = split_units(source, build_jobs())
     return build_cached(
-        source, name, flags, options=options, units=units if len(units) > 1 else None
+        source, name, flags, options=options, split=lambda s: split_units(s, build_jobs())
     )
 
 
@@ -122,17 +121,16 @@ def split_units(source: str, jobs: int) -> list[str]:
     parts = max(1, min(jobs, work_units, len(kernels) + 1))
     if parts == 1:
         return [source]
-    # Largest first onto the least loaded unit.
-    shares: list[list[str]] = [[host]] + [[] for _ in range(parts - 1)]
+    # Largest first onto the least loaded unit; unit 0 also holds the host function.
+    shares: list[list[str]] = [[] for _ in range(parts)]
     load = [host_work] + [0] * (parts - 1)
     for kernel in sorted(kernels, key=len, reverse=True):
         k = load.index(min(load))
-        shares[k].insert(0, kernel)
+        shares[k].append(kernel)
         load[k] += len(kernel)
-    defines = ["#define AS_SPLIT_UNIT\n#define AS_HOST_UNIT\n"] + ["#define AS_SPLIT_UNIT\n"] * (
-        parts - 1
-    )
-    return [d + common + "\n" + "\n".join(share) for d, share in zip(defines, shares)]
+    shares[0].append(f"{HOST_MARK}\n{host}")
+    defines = ["#define AS_HOST_UNIT\n"] + [""] * (parts - 1)
+    return [f"#define AS_SPLIT_UNIT\n{d}{common}\n" + "\n".join(s) for d, s in zip(defines, shares)]
 
 
 def links_onednn(options: Options) -> bool:
