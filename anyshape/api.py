@@ -296,6 +296,7 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
             )
             if agrees_with_eager(model, gm, args, kwargs):
                 bump("compilations")
+                _locate_fallbacks(report, model, widen_example(args), widen_example(kwargs), None)
                 return gm, report
         except AnyshapeError:
             pass
@@ -308,7 +309,22 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
     )
     if report_note:
         report.facts.append(report_note)
+    _locate_fallbacks(report, model, args, kwargs, dynamic_shapes)
     return gm, report
+
+
+def _locate_fallbacks(report, model, args: tuple, kwargs: dict, dynamic_shapes) -> None:
+    """Give the report's fallbacks the model's source lines: the capture recorded no
+    stack traces (``capture_export``), so one that does names them, by node name."""
+    from dataclasses import replace
+
+    from .frontends.torch.capture import source_lines
+
+    if report.fallbacks:
+        lines = source_lines(model, args, kwargs, dynamic_shapes)
+        report.fallbacks = [
+            replace(f, location=lines.get(f.node.name, f.location)) for f in report.fallbacks
+        ]
 
 
 def optimize(

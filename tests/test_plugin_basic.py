@@ -99,6 +99,24 @@ def test_unsupported_op_falls_back_with_reason_and_location():
     torch.testing.assert_close(opt(x), model(x))
 
 
+def test_fallback_lines_come_from_a_second_capture_with_stack_traces():
+    from anyshape.frontends.torch.capture import capture_export
+
+    class WithSort(torch.nn.Module):
+        def forward(self, x):
+            return torch.sort(x + 1, dim=-1).values * 2
+
+    model, x = WithSort().eval(), torch.randn(2, 5)
+    fast = capture_export(model, (x,))  # the usual capture records no stack traces
+    assert not any(n.meta.get("stack_trace") for n in fast.gm.graph.nodes)
+    traced = capture_export(model, (x,), stack_traces=True)
+    assert {n.name for n in traced.gm.graph.nodes} == {n.name for n in fast.gm.graph.nodes}
+    # a widened example (dim of 1) locates its fallbacks too
+    text = str(anyshape.explain(model, (torch.randn(1, 5),)))
+    line = WithSort.forward.__code__.co_firstlineno + 1
+    assert "aten.sort" in text and f"test_plugin_basic.py\", line {line}" in text
+
+
 def test_uncapturable_model_runs_through_dynamo_with_reason():
     class DataDependent(torch.nn.Module):
         def forward(self, x):

@@ -67,7 +67,12 @@ def export(
     """
     import torch
 
-    from ..frontends.torch.capture import capture_export, needs_widening, widen_example
+    from ..frontends.torch.capture import (
+        capture_export,
+        needs_widening,
+        widen_example,
+        with_source_lines,
+    )
     from ..frontends.torch.examples import split_inputs
 
     opts = Options.from_env(**options)
@@ -75,14 +80,21 @@ def export(
     if isinstance(model, torch.nn.Module):
         model.eval()
     args, kwargs = split_inputs(example_inputs)
+
+    def build(captured):
+        return _build(captured, opts, tgt, type(model).__name__)
+
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         # As in plugin mode: trace with dims of 0/1 widened, keep it if it agrees with eager.
-        captured = capture_export(model, widen_example(args), widen_example(kwargs))
-        artifact = _build(captured, opts, tgt, type(model).__name__)
+        wide_args, wide_kwargs = widen_example(args), widen_example(kwargs)
+        artifact = with_source_lines(
+            build, lambda **how: capture_export(model, wide_args, wide_kwargs, **how)
+        )
         if _agrees_with_eager(artifact, model, args, kwargs):
             return artifact
-    captured = capture_export(model, args, kwargs, dynamic_shapes)
-    return _build(captured, opts, tgt, type(model).__name__)
+    return with_source_lines(
+        build, lambda **how: capture_export(model, args, kwargs, dynamic_shapes, **how)
+    )
 
 
 def export_program(program, *, target: str = "portable", **options) -> Artifact:

@@ -36,7 +36,12 @@ def to_stablehlo(
     """
     import torch
 
-    from ..frontends.torch.capture import capture_export, needs_widening, widen_example
+    from ..frontends.torch.capture import (
+        capture_export,
+        needs_widening,
+        widen_example,
+        with_source_lines,
+    )
     from ..frontends.torch.examples import split_inputs
 
     opts = Options.from_env(**options)
@@ -45,8 +50,10 @@ def to_stablehlo(
     args, kwargs = split_inputs(example_inputs)
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         args, kwargs = widen_example(args), widen_example(kwargs)
-    captured = capture_export(model, args, kwargs, dynamic_shapes)
-    return _emit(captured, type(model).__name__, opts, weights, path)
+    return with_source_lines(
+        lambda captured: _emit(captured, type(model).__name__, opts, weights, path),
+        lambda **how: capture_export(model, args, kwargs, dynamic_shapes, **how),
+    )
 
 
 def program_to_stablehlo(
