@@ -114,7 +114,7 @@ def test_fallback_lines_come_from_a_second_capture_with_stack_traces():
     # a widened example (dim of 1) locates its fallbacks too
     text = str(anyshape.explain(model, (torch.randn(1, 5),)))
     line = WithSort.forward.__code__.co_firstlineno + 1
-    assert "aten.sort" in text and f"test_plugin_basic.py\", line {line}" in text
+    assert "aten.sort" in text and f'test_plugin_basic.py", line {line}' in text
 
 
 def test_uncapturable_model_runs_through_dynamo_with_reason():
