@@ -28,6 +28,10 @@ CAPTURE_MODULES = (
     "anyshape.plugin.partition",
     "anyshape.frontends.torch.capture",
     "anyshape.frontends.torch.aten",
+    # the CPU backend's emitters: a restore builds (or finds) the kept translation unit
+    "anyshape.codegen.cpu.host",
+    "anyshape.codegen.cpu.kernels",
+    "anyshape.codegen.cpu.routes",
 )
 
 
@@ -108,7 +112,8 @@ def test_new_process_hits_the_cache(tmp_path):
         runs.append((int(hits), float(err), int(loaded)))
     assert [h for h, _, _ in runs] == [0, 1]
     assert all(e < 1e-4 for _, e, _ in runs)
-    # A restored model starts without loading capture, lowering rules or partitioning.
+    # A restored model starts without loading capture, lowering rules, partitioning or
+    # the CPU backend's emitters.
     assert runs[0][2] > 0 and runs[1][2] == 0
 
 
@@ -191,7 +196,7 @@ def test_the_key_changes_with_what_steers_the_emitted_source(monkeypatch):
 
 
 def test_a_restored_model_reuses_its_kept_translation_unit(tmp_path, monkeypatch):
-    from anyshape.codegen.cpu import executable
+    from anyshape.codegen.cpu import host
 
     first = anyshape.optimize(_bert(), _inputs(2, 8))
     source = first.report.clusters[0].compiled.native.source
@@ -199,7 +204,7 @@ def test_a_restored_model_reuses_its_kept_translation_unit(tmp_path, monkeypatch
     def no_emission(*a, **k):
         raise AssertionError("the translation unit was emitted again on a cache hit")
 
-    monkeypatch.setattr(executable, "emit_translation_unit", no_emission)
+    monkeypatch.setattr(host, "emit_translation_unit", no_emission)
     model = _bert(seed=2)
     opt = anyshape.optimize(model, _inputs(2, 8))
     assert anyshape.stats()["model_cache_hits"] == 1

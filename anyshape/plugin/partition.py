@@ -73,14 +73,21 @@ def _verdict(node: fx.Node) -> str | None:
         return f"internal error checking the lowering ({type(e).__name__}: {e})"
 
 
+class _Partitioner(CapabilityBasedPartitioner):
+    """torch's partitioner, asking ``_Support`` without the module table it ignores:
+    torch builds ``dict(named_modules())`` for every node it asks about, which walks the
+    whole module tree each time (T5-small: 899 walks, 0.15 s of a 4 s compile)."""
+
+    def _is_node_supported(self, node: fx.Node) -> bool:
+        return self.operator_support.is_node_supported({}, node)
+
+
 def plan_partitions(gm: fx.GraphModule, min_cluster_ops: int = 1) -> PartitionPlan:
     verdicts: dict[fx.Node, str | None] = {}
     for node in gm.graph.nodes:
         if is_op_node(node):
             verdicts[node] = _verdict(node)
-    partitioner = CapabilityBasedPartitioner(
-        gm, _Support(verdicts), allows_single_node_partition=True
-    )
+    partitioner = _Partitioner(gm, _Support(verdicts), allows_single_node_partition=True)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     clusters = []
     for p in partitioner.propose_partitions():

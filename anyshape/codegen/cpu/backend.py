@@ -13,8 +13,7 @@ from ...ir.graph import Graph
 from ..backend import Backend, ExportedLibrary
 from .build import build_library, links_onednn
 from .executable import CpuExecutable
-from .host import HostProgram, emit_translation_unit
-from .routes import CpuSettings, plan_kernels
+from .program import HostProgram
 from .target import target_named
 
 
@@ -27,6 +26,8 @@ class CpuBackend(Backend):
         """Channels last between convolutions when oneDNN runs them that way (the
         ``dnnl_conv`` option's default, when the build links oneDNN: plugin mode only,
         artifacts link OpenBLAS alone)."""
+        from .routes import CpuSettings
+
         wanted = CpuSettings.from_options(options).dnnl_conv == "channels_last"
         return ("channels_last",) if wanted and target is None and links_onednn(options) else ()
 
@@ -39,6 +40,9 @@ class CpuBackend(Backend):
         return executable
 
     def export(self, graph: Graph, options: Options, target: str) -> ExportedLibrary:
+        from .host import emit_translation_unit
+        from .routes import plan_kernels
+
         isa = target_named(target)
         program = emit_translation_unit(graph, [], plan_kernels(graph, options))
         library = build_library(program.source, "export", isa, options).read_bytes()

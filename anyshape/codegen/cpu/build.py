@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...config import Options
 from ...native_build import BuildError, build_cached
-from .host import HOST_MARK, KERNEL_MARK
+from .program import HOST_MARK, KERNEL_MARK
 from .target import NATIVE, Target
 
 FLAGS = [

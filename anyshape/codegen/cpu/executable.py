@@ -18,8 +18,7 @@ from ...ir.graph import Graph
 from ...runtime.native import NativeGraph
 from ...stats import bump
 from .build import build_library
-from .host import HostProgram, emit_translation_unit
-from .routes import plan_kernels
+from .program import HostProgram
 
 
 class CpuExecutable:
@@ -35,7 +34,10 @@ class CpuExecutable:
         cache keeps it), so a restored model skips emitting it again. ``options``
         (default: as the environment sets them) steer routes, build and dumps."""
         options = options or Options.from_env()
-        if program is None:
+        if program is None:  # (the emitters load here: a restored program needs none)
+            from .host import emit_translation_unit
+            from .routes import plan_kernels
+
             program = emit_translation_unit(graph, extra_symbols, plan_kernels(graph, options))
         self.program = program
         self.source = program.source

@@ -16,7 +16,6 @@ compile them as several units), and ``anyshape_main``, which
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from importlib import resources
 
 from ...config import Options
@@ -28,6 +27,7 @@ from ...schedule.op_classes import SOURCE_OPS
 from ...schedule.plan import Schedule, describe_kernel
 from ...schedule.reads import members
 from .kernels import Kernel, emit_kernel
+from .program import HOST_MARK, KERNEL_MARK, HostProgram
 from .routes import plan_kernels
 
 
@@ -68,23 +68,6 @@ def _fold(fn: str, args: list[str]) -> str:
 def _cstr(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
 
-
-@dataclass
-class HostProgram:
-    source: str
-    output_slots: list[int]  # for each graph output: slot in out[], or -1 for a source
-    extra_symbols: list[str]
-    param_names: list[str]  # weights in the order of prm[]
-    kernel_labels: list[str]  # what each profiled call site runs, in call order
-    kernel_descriptions: list[str]  # kind, root and fused ops of each call site (explain)
-    packed_params: list[str]  # weights the library may keep packed copies of (oneDNN)
-    dnnl_routes: list[str]  # per kernel: what oneDNN runs when linked, else "" (explain)
-
-
-# Where each kernel and the host function start: the build may compile kernels as
-# translation units of their own, in parallel (build.py, ``split_units``).
-KERNEL_MARK = "// anyshape: kernel"
-HOST_MARK = "// anyshape: host"
 
 _REASSOCIATE = '__attribute__((optimize("associative-math", "no-signed-zeros"))) '
 
