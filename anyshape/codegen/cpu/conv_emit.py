@@ -107,14 +107,13 @@ def _im2col_tap(c: _Conv) -> list[str]:
     return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
 
 
-def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
-    """One image at a time through oneDNN (``dnnl_conv.h``, or ``dnnl_matmul.h`` for a
-    channels-last 1x1 kernel), each image's epilogue right after it. If the first image
-    cannot run there (or the matmul does not pay at the image's pixel count, the same
-    for every image of a call), im2col + GEMM below runs instead."""
-    x, w = f"(const float*){c.px} + n * {c.C} * {c.Q}", f"(const float*){c.pw}"
-    y = f"(float*){c.po} + n * {c.out_channels} * {c.P}"
-    if route.as_matmul:  # where it pays at P pixels (as_matmul_pays), or always
+def _dnnl_site(c: _Conv, route: Route, x: str, y: str) -> tuple[str, str]:
+    """The kernel's oneDNN call site (a static holding its primitives and packed weights)
+    and the call that runs image ``x`` into ``y`` there, false where oneDNN does not run
+    it: ``dnnl_conv.h``, or ``dnnl_matmul.h`` for a channels-last 1x1 kernel, where it
+    pays at the image's pixel count (``as_matmul_pays``) or always."""
+    w = f"(const float*){c.pw}"
+    if route.as_matmul:
         site = f"static AsMatmulSite dnnl_site = {{{c.cg}, {c.out_channels}, 1, "
         site += f"{int(route.always)}, "
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {c.P})"
@@ -123,9 +122,18 @@ def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
         site = f"static AsConvSite dnnl_site = {{{', '.join(map(str, geometry))}, "
         site += f"{int(c.channels_last)}, "
         call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]})"
+    return site + "{PTHREAD_MUTEX_INITIALIZER}};", call
+
+
+def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
+    """A channels-first convolution one image at a time through oneDNN, each image's
+    epilogue right after it. If the first image cannot run there, im2col + GEMM below
+    runs instead."""
+    x = f"(const float*){c.px} + n * {c.C} * {c.Q}"
+    site, call = _dnnl_site(c, route, x, f"(float*){c.po} + n * {c.out_channels} * {c.P}")
     each_image = [text("const int64_t n = done;", f"if (!{call}) break;"), *(epilogue or ())]
     body = (
-        text(site + "{PTHREAD_MUTEX_INITIALIZER}};", "int64_t done = 0;"),
+        text(site, "int64_t done = 0;"),
         loop(For("done", None, c.N), each_image),
         text(f"if (done == {c.N}) return 0;", "if (done > 0) return 4;"),
     )
@@ -171,54 +179,43 @@ def _conv_batched(c: _Conv) -> list[str]:
     return lines
 
 
-def _conv_channels_last(c: _Conv, epilogue: list | None) -> list:
-    """im2col + GEMM on [N, H, W, C] activations (oneDNN's path when it cannot run one):
-    per image, a column matrix of one row per output position, its columns each input
-    channel's taps in turn (the order of the [O, C, KH, KW] weights), times the weights
-    transposed. A 1x1 kernel with unit stride and no padding reads the image in place."""
+def _conv_channels_last(c: _Conv, epilogue: list | None, route: Route | None) -> list:
+    """A convolution on [N, H, W, C] activations, one image at a time, each image's
+    epilogue right after it (its output still in cache). The image runs on oneDNN
+    (``route``, when linked) unless oneDNN cannot run the call's first image, or the
+    matmul does not pay at its pixel count (the same for every image of a call); then
+    every image of the call runs ``as_conv2d_nhwc`` (prelude.h: im2col + one GEMM, one
+    function shared by every such kernel), so the epilogue is written once."""
     if c.groups != 1 or len(c.kernel) != 2:
         raise UnsupportedError(
             f"a channels-last convolution with {c.groups} groups over {len(c.kernel)} spatial "
             "dims: the CPU backend's channels-last kernel is 2-D without groups"
         )
     t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
-    (h, w), (_, ow) = c.ins, c.outs
-    lines = []
-    if not c.direct:
-        lines += [
-            f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});",
-            "if (!col) return 3;",
-        ]
-    image = [f"const {t}* xn = (const {t}*){c.px} + n * {c.Q} * {c.C};"]
-    if not c.direct:
-        image += [
-            f"#pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)",
-            f"for (int64_t p = 0; p < {c.P}; ++p) {{",
-            f"  {t}* d = col + p * {c.rows};",
-            f"  const int64_t o0 = p / {ow}, o1 = p % {ow};",
-            f"  for (int64_t k0 = 0; k0 < {kh}; ++k0) {{",
-            f"    const int64_t y0 = o0 * {sh} - {ph} + k0 * {dh};",
-            f"    for (int64_t k1 = 0; k1 < {kw}; ++k1) {{",
-            f"      const int64_t y1 = o1 * {sw} - {pw} + k1 * {dw}, tap = k0 * {kw} + k1;",
-            f"      if (y0 >= 0 && y0 < {h} && y1 >= 0 && y1 < {w}) {{",
-            f"        const {t}* s = xn + (y0 * {w} + y1) * {c.C};",
-            f"        for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = s[ch];",
-            "      } else {",
-            f"        for (int64_t ch = 0; ch < {c.C}; ++ch) d[ch * {c.ksize} + tap] = ({t})0;",
-            "      }",
-            "    }",
-            "  }",
-            "}",
-        ]
-    a = "xn" if c.direct else "col"
-    image.append(
-        f"as_gemm_batch<{t}>(CblasNoTrans, CblasTrans, {c.P}, {c.out_channels}, {c.rows}, "
-        f"{a}, {c.rows}, (const {t}*){c.pw}, {c.rows}, ({t}*){c.po} + n * {c.P} * "
-        f"{c.out_channels}, 1);"
+    (h, w), (oh, ow) = c.ins, c.outs
+    x, y = (
+        f"xn = (const {t}*){c.px} + n * {c.Q} * {c.C}",
+        f"yn = ({t}*){c.po} + n * {c.P} * {c.out_channels}",
     )
-    # this image's output, still in cache, goes through the epilogue
-    each_image = [text(*image), *(epilogue or ())]
-    return [text(*lines), loop(For("n", "0", c.N), each_image), text("return 0;")]
+    image = [text(f"const {t}* {x};", f"{t}* {y};", "bool ran = false;")]
+    before = []
+    if route is not None:
+        site, call = _dnnl_site(c, route, "xn", "yn")
+        before.append(Guarded("ANYSHAPE_DNNL", (text(site, "bool dnnl_runs = true;"),)))
+        runs = (
+            "if (dnnl_runs) {",
+            f"  ran = {call};",
+            "  if (!ran && n > 0) return 4;  // (oneDNN ran this call's earlier images)",
+            "  dnnl_runs = ran;",
+            "}",
+        )
+        image.append(Guarded("ANYSHAPE_DNNL", (text(*runs),)))
+    fallback = (
+        f"if (!ran && !as_conv2d_nhwc<{t}>(xn, (const {t}*){c.pw}, yn, {c.C}, {c.out_channels}, "
+        f"{h}, {w}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw})) return 3;"
+    )
+    image += [text(fallback), *(epilogue or ())]
+    return [*before, loop(For("n", "0", c.N), image), text("return 0;")]
 
 
 def _row_major(prefix: str, dims, count: int) -> str:
@@ -280,10 +277,10 @@ def emit_conv(scope: KernelScope, root: Node, epilogue: list | None) -> list:
     t, g = c.t, c.groups
     out: list = [text(f"if ({c.N} == 0 || {c.P} == 0) return 0;")]
     route = scope.sched.routes.get(id(root))  # oneDNN (routes.py), when linked
+    if c.channels_last:
+        return out + _conv_channels_last(c, epilogue, route)
     if route is not None:
         out += _conv_dnnl(c, epilogue, route)
-    if c.channels_last:
-        return out + _conv_channels_last(c, epilogue)
     batched = [text(*_conv_batched(c))]
     if epilogue is not None:
         batched.append(loop(For("n", "0", c.N), epilogue))
