@@ -81,6 +81,7 @@ def test_second_optimize_restores_without_capture(tmp_path, monkeypatch):
     assert anyshape.stats()["native_builds"] == 0
     _check(opt, other)
     assert "restored from the model cache" in str(opt.explain())
+    assert list(opt.report.timings) == ["model cache restore"]
 
 
 def test_new_process_hits_the_cache(tmp_path):

@@ -172,3 +172,21 @@ def test_fx_tracing_sees_the_optimized_module_as_a_call():
 
     graph = LeafTracer().trace(Outer())
     assert [n.target for n in graph.nodes if n.op == "call_module"] == ["inner"]
+
+
+def test_explain_says_where_the_compile_time_went():
+    """Each stage of a compile is timed (capture first, then in pipeline order), the
+    stages add up to no more than the compile took, and explain() prints them."""
+    import time
+
+    model = MixedOps().eval()
+    start = time.perf_counter()
+    opt = anyshape.optimize(model, (torch.randn(3, 8), torch.randn(3, 8)), model_cache=False)
+    wall = time.perf_counter() - start
+    timings = opt.report.timings
+    stages = ["capture", "partitioning", "lowering", "passes and codegen", "C++ build"]
+    assert list(timings) == stages
+    assert all(v >= 0 for v in timings.values())
+    assert timings["capture"] > 0 and timings["C++ build"] > 0
+    assert sum(timings.values()) <= wall
+    assert f"compile time: {sum(timings.values()):.2f} s (capture " in str(opt.explain())

@@ -7,6 +7,7 @@ Counts one compilation per call in ``anyshape.stats()``.
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import torch
@@ -97,16 +98,25 @@ def compile_graph(
     seed_dropout(gm)  # (training graphs: dropout's mask as compiled code)
     read_sizes_from_inputs(gm)
     gm.recompile()
+    start = time.perf_counter()
     plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
     report = CompileReport(fallbacks=list(plan.fallbacks))
+    report.add_time("partitioning", time.perf_counter() - start)
     built, failures = [], []
     sources = symbol_sources(gm)
     for nodes in plan.clusters:
         name = f"cluster{len(built)}"
         try:
+            start = time.perf_counter()
             lowered = lower_cluster(nodes, gm, name, ranges)
             _add_guards(lowered.graph, guards)
+            lowered_at = time.perf_counter()
+            report.add_time("lowering", lowered_at - start)
             compiled = CompiledCluster(lowered, options)
+            build = getattr(compiled.executable, "build_seconds", None)  # (a native backend)
+            report.add_time("passes and codegen", time.perf_counter() - lowered_at - (build or 0))
+            if build is not None:
+                report.add_time("C++ build", build)
             unbound = [s for s in compiled.extra_symbols if s not in sources]
             if unbound:
                 raise UnsupportedError(f"needs data-dependent sizes {unbound}")

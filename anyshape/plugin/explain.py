@@ -45,6 +45,9 @@ class ExplainReport:
             lines += [f"  {c}" for c in r.capture]
         if r.facts:
             lines.append("shape facts: " + "; ".join(r.facts))
+        if r.timings:
+            stages = ", ".join(f"{k} {v:.2f} s" for k, v in r.timings.items())
+            lines.append(f"compile time: {sum(r.timings.values()):.2f} s ({stages})")
         lines.append(
             f"ops: {total} total, {self.compiled_op_count} compiled in {len(r.clusters)} "
             f"cluster(s), {self.fallback_op_count} run in PyTorch"

@@ -36,6 +36,11 @@ class CompileReport:
     input_specs: list[InputSpec] = field(default_factory=list)
     facts: list[str] = field(default_factory=list)
     capture: list[str] = field(default_factory=list)  # how the model was captured, if not whole
+    # where the compile's time went, in order: stage -> seconds (explain() prints it)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def add_time(self, stage: str, seconds: float) -> None:
+        self.timings[stage] = self.timings.get(stage, 0.0) + seconds
 
 
 class ModelPrologue:

@@ -10,6 +10,7 @@ that the caller passes through itself.
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -41,7 +42,9 @@ class CpuExecutable:
             program = emit_translation_unit(graph, extra_symbols, plan_kernels(graph, options))
         self.program = program
         self.source = program.source
+        start = time.perf_counter()
         path = build_library(program.source, graph.name, options=options)
+        self.build_seconds = time.perf_counter() - start  # (a cache hit: finding it)
         self.library = path  # in the build cache
         bump("native_libraries")
         slot_dtypes: dict[int, object] = {}
