@@ -5,7 +5,8 @@ first run with an empty ``--cache`` folder is the cold compile (capture,
 passes, C++ build); a second run with the same folder is warm (the model cache
 restores the compiled model). Each run is its own process, as a user's would
 be. Prints seconds and the largest difference from eager at a shape other than
-the example's, so a fast wrong compile cannot pass unnoticed.
+the example's, so a fast wrong compile cannot pass unnoticed, then the time of each
+stage of the compile (``explain()``'s compile time).
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def main(argv: list[str] | None = None) -> None:
         want = model(**other)
     err = (_first(got) - _first(want)).abs().max().item()
     print(f"{args.workload}: optimize + first call {seconds:.2f} s (max err {err:.1e})")
+    timings = getattr(getattr(compiled, "report", None), "timings", {})
+    if timings:  # where optimize's time went (explain() prints the same)
+        print("  " + ", ".join(f"{k} {v:.2f} s" for k, v in timings.items()))
 
 
 def _first(out):

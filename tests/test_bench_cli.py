@@ -134,10 +134,12 @@ def test_compile_time_runs_cold_then_warm_and_checks_the_result(tmp_path, capsys
     cache = str(tmp_path / "cache")
     for _ in range(2):  # cold, then restored from the model cache
         compile_time.main(["--workload", "bert", "--quick", "--cache", cache])
-    cold, warm = capsys.readouterr().out.strip().splitlines()
+    cold, cold_stages, warm, warm_stages = capsys.readouterr().out.strip().splitlines()
     for line in (cold, warm):
         assert line.startswith("bert: optimize + first call "), line
         assert float(line.split("max err ")[1].rstrip(")")) < 1e-4, line
+    assert cold_stages.startswith("  capture ") and "C++ build" in cold_stages, cold_stages
+    assert warm_stages.startswith("  model cache restore "), warm_stages
     assert any((tmp_path / "cache").iterdir())
 
 
