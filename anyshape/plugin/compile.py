@@ -92,12 +92,15 @@ def compile_graph(
     # Metadata assertions restate what the prologue checks (input dtypes) or what
     # compiled code guarantees; left in, they keep values alive as extra cluster
     # outputs and force the general FX call path.
+    changed = 0
     for n in list(gm.graph.nodes):
         if str(n.target) == "aten._assert_tensor_metadata.default" and not n.users:
             gm.graph.erase_node(n)
-    seed_dropout(gm)  # (training graphs: dropout's mask as compiled code)
-    read_sizes_from_inputs(gm)
-    gm.recompile()
+            changed += 1
+    changed += seed_dropout(gm)  # (training graphs: dropout's mask as compiled code)
+    changed += read_sizes_from_inputs(gm)
+    if changed:  # (regenerating a large graph's Python costs 0.02-0.04 s)
+        gm.recompile()
     start = time.perf_counter()
     plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
     report = CompileReport(fallbacks=list(plan.fallbacks))

@@ -331,10 +331,15 @@ def lowers_as_exported(graph: fx.Graph) -> bool:
 
 
 def _drop_metadata_asserts(gm: fx.GraphModule) -> None:
-    for n in list(gm.graph.nodes):
-        if n.op == "call_function" and n.target in _METADATA_ASSERTS and not n.users:
-            gm.graph.erase_node(n)
-    gm.recompile()
+    dropped = [
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target in _METADATA_ASSERTS and not n.users
+    ]
+    for n in dropped:
+        gm.graph.erase_node(n)
+    if dropped:
+        gm.recompile()
 
 
 def _decompose(ep, name: str):
