@@ -17,7 +17,9 @@ materialized root node into a ``Kernel``: a C++ function
   their epilogue; others, and pool: direct window loops over a materialized input
   (float max pooling row by row, vectorized: ``pool_emit``);
 - scatter: the indices checked, the base copied, then the updates written in,
-  the threads on disjoint rows or columns of the result (``scatter_emit``).
+  the threads on disjoint rows or columns of the result (``scatter_emit``);
+- transpose: a copy that moves the last dim goes through 8x8 register tiles
+  (``transpose_emit``); any other is a pointwise loop nest.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, format_dim, shape_numel
 from ...schedule.plan import Schedule, fused_into
 from ...schedule.reads import members
-from . import conv_emit, gemm_emit, pool_emit, scatter_emit
+from . import conv_emit, gemm_emit, pool_emit, scatter_emit, transpose_emit
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .hoist import hoist_invariants
@@ -59,6 +61,13 @@ def _emit_pointwise(scope: KernelScope, root: Node) -> list:
         return [store(scope, m, names, scope.fused_expression(m, names)) for m in group]
 
     return close(statements(scope, stores))
+
+
+def _emit_transpose(scope: KernelScope, root: Node) -> list:
+    """A copy that moves the last dim: tiled (``transpose_emit``); else a loop nest."""
+    if transpose_emit.covers(scope, root):
+        return transpose_emit.emit_transpose(scope, root)
+    return _emit_pointwise(scope, root)
 
 
 def _emit_window(scope: KernelScope, root: Node) -> list:
@@ -167,6 +176,7 @@ EMITTERS = {
     "convolution": _emit_conv,
     "pool": _emit_window,
     "scatter": scatter_emit.emit_scatter,
+    "transpose": _emit_transpose,
 }
 
 
@@ -192,6 +202,8 @@ def _split_variant(sched, scope, root, emit, lines, texts: list[str], speculate:
     scope.begin_variant(speculate, True)
     split = emit()
     scope.split = False
+    if list(split) == list(lines):  # the emitter splits no rows (a tiled transpose)
+        return lines, [" and ".join(texts) or "general"]
     few = f"{scope.dim(extent)} < omp_get_max_threads()"
     cond = f"{format_dim(extent)} {noun} < threads"
     if id(root) in sched.stitches:  # short rows keep the row buffer and one thread
