@@ -52,6 +52,8 @@ class Kernel:
 
 
 def _emit_pointwise(scope: KernelScope, root: Node) -> list:
+    if root.op == "transpose" and transpose_emit.covers(scope, root):
+        return transpose_emit.emit_transpose(scope, root)  # a copy moving the last dim
     names = tuple(loop_vars(root.rank))
     mode = "inner" if scope.split else "outer"
     close = nest_open(scope, root.shape, names, scope.dim(root.type.numel), mode)
@@ -61,13 +63,6 @@ def _emit_pointwise(scope: KernelScope, root: Node) -> list:
         return [store(scope, m, names, scope.fused_expression(m, names)) for m in group]
 
     return close(statements(scope, stores))
-
-
-def _emit_transpose(scope: KernelScope, root: Node) -> list:
-    """A copy that moves the last dim: tiled (``transpose_emit``); else a loop nest."""
-    if transpose_emit.covers(scope, root):
-        return transpose_emit.emit_transpose(scope, root)
-    return _emit_pointwise(scope, root)
 
 
 def _emit_window(scope: KernelScope, root: Node) -> list:
@@ -176,7 +171,6 @@ EMITTERS = {
     "convolution": _emit_conv,
     "pool": _emit_window,
     "scatter": scatter_emit.emit_scatter,
-    "transpose": _emit_transpose,
 }
 
 
