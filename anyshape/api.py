@@ -286,9 +286,7 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
 
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         try:
-            start = time.perf_counter()
             captured = capture_export(model, widen_example(args), widen_example(kwargs))
-            captured_in = time.perf_counter() - start
             gm, report = compile_graph(
                 captured.gm,
                 captured.symbol_ranges,
@@ -296,8 +294,8 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
                 with_prologue=True,
                 count=False,
                 guards=captured.guards,
+                capture_seconds=captured.seconds,
             )
-            report.timings = {"capture": captured_in, **report.timings}
             if agrees_with_eager(model, gm, args, kwargs):
                 bump("compilations")
                 _locate_fallbacks(report, model, widen_example(args), widen_example(kwargs), None)
@@ -307,13 +305,15 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
         report_note = "example dims of size 0/1 kept specialized (widened capture disagreed)"
     else:
         report_note = ""
-    start = time.perf_counter()
     captured = capture_export(model, args, kwargs, dynamic_shapes)
-    captured_in = time.perf_counter() - start
     gm, report = compile_graph(
-        captured.gm, captured.symbol_ranges, options, with_prologue=True, guards=captured.guards
+        captured.gm,
+        captured.symbol_ranges,
+        options,
+        with_prologue=True,
+        guards=captured.guards,
+        capture_seconds=captured.seconds,
     )
-    report.timings = {"capture": captured_in, **report.timings}
     if report_note:
         report.facts.append(report_note)
     _locate_fallbacks(report, model, args, kwargs, dynamic_shapes)
@@ -375,8 +375,11 @@ def optimize(
         start = time.perf_counter()
         restored = model_cache.restore(key, model, opts)
         if restored is not None:
-            restored[2].timings = {"model cache restore": time.perf_counter() - start}
-            module = OptimizedModule.restored(*restored, name, opts.fastcall)
+            direct, in_spec, report, graph_module = restored
+            report.add_time("model cache restore", time.perf_counter() - start)
+            module = OptimizedModule.restored(
+                direct, in_spec, report, graph_module, name, opts.fastcall
+            )
             module.watch_weights_of(model)
             module.bind_signature_of(model)
             if agrees_with_eager(model, module, args, kwargs):

@@ -83,11 +83,13 @@ def compile_graph(
     with_prologue: bool,
     count: bool = True,
     guards=(),
+    capture_seconds: float | None = None,
 ) -> tuple[fx.GraphModule, CompileReport]:
     """Compile the supported clusters of ``gm`` in place; return it with a report.
 
     ``count=False`` leaves ``stats()["compilations"]`` to the caller (which may
-    discard this result and compile again).
+    discard this result and compile again). ``capture_seconds``: how long capturing
+    ``gm`` took, the first stage of the report's compile time.
     """
     # Metadata assertions restate what the prologue checks (input dtypes) or what
     # compiled code guarantees; left in, they keep values alive as extra cluster
@@ -104,6 +106,8 @@ def compile_graph(
     start = time.perf_counter()
     plan: PartitionPlan = plan_partitions(gm, options.min_cluster_ops)
     report = CompileReport(fallbacks=list(plan.fallbacks))
+    if capture_seconds is not None:
+        report.add_time("capture", capture_seconds)
     report.add_time("partitioning", time.perf_counter() - start)
     built, failures = [], []
     sources = symbol_sources(gm)

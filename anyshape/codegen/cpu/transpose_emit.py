@@ -1,6 +1,7 @@
 """Transposes that move the last dim: a tiled copy instead of a strided gather.
 
-Sits beside ``kernels`` (its ``transpose`` emitter). A kernel that only copies a
+Sits beside ``kernels``, whose pointwise emitter hands it a transpose root it
+``covers``. A kernel that only copies a
 buffer in memory into a permuted layout where the input's contiguous dim moves (an
 attention key [b, s, h, d] -> [b, h, d, s]) reads a whole source row per element when
 written as a loop nest over the output. Here each (outer index, block of rows) calls
@@ -39,7 +40,6 @@ def covers(scope: KernelScope, root: Node) -> bool:
         and members(scope.sched, root) == [root]
         and perm[-1] != len(perm) - 1
         and root.dtype.itemsize in (4, 8)
-        and root.dtype == x.dtype
     )
 
 

@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import logging
 import operator
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ class Captured:
     exported: object  # the ExportedProgram
     guards: list[Guard]  # shape guards torch.export relied on, checked on every call
     decomposed: bool = True  # False: lowered as exported, run_decompositions skipped
+    seconds: float = 0.0  # how long capture_export took (explain()'s compile time)
 
 
 # Composite ops kept whole: anyshape lowers them itself (one fused attention
@@ -201,9 +203,12 @@ def capture_export(
     unless asked for; ``source_lines`` and ``with_source_lines`` capture again with
     it where a line is reported.
     """
+    start = time.perf_counter()
     with _recording_stack_traces(stack_traces):
         ep = _export(model, args, kwargs, dynamic_shapes)
-        return capture_program(ep, type(model).__name__)
+        captured = capture_program(ep, type(model).__name__)
+    captured.seconds = time.perf_counter() - start
+    return captured
 
 
 @contextlib.contextmanager
