@@ -286,7 +286,9 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
 
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         try:
-            captured = capture_export(model, widen_example(args), widen_example(kwargs))
+            captured = capture_export(
+                model, widen_example(args), widen_example(kwargs), repeats=options.trace_repeats
+            )
             gm, report = compile_graph(
                 captured.gm,
                 captured.symbol_ranges,
@@ -296,16 +298,18 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
                 guards=captured.guards,
                 capture_seconds=captured.seconds,
             )
+            _note_repeats(report, captured)
             if agrees_with_eager(model, gm, args, kwargs):
                 bump("compilations")
-                _locate_fallbacks(report, model, widen_example(args), widen_example(kwargs), None)
+                wide = widen_example(args), widen_example(kwargs)
+                _locate_fallbacks(report, model, *wide, None, options.trace_repeats)
                 return gm, report
         except AnyshapeError:
             pass
         report_note = "example dims of size 0/1 kept specialized (widened capture disagreed)"
     else:
         report_note = ""
-    captured = capture_export(model, args, kwargs, dynamic_shapes)
+    captured = capture_export(model, args, kwargs, dynamic_shapes, repeats=options.trace_repeats)
     gm, report = compile_graph(
         captured.gm,
         captured.symbol_ranges,
@@ -314,13 +318,24 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
         guards=captured.guards,
         capture_seconds=captured.seconds,
     )
+    _note_repeats(report, captured)
     if report_note:
         report.facts.append(report_note)
-    _locate_fallbacks(report, model, args, kwargs, dynamic_shapes)
+    _locate_fallbacks(report, model, args, kwargs, dynamic_shapes, options.trace_repeats)
     return gm, report
 
 
-def _locate_fallbacks(report, model, args: tuple, kwargs: dict, dynamic_shapes) -> None:
+def _note_repeats(report, captured) -> None:
+    if captured.stamped:
+        report.facts.append(
+            f"capture: {captured.stamped} calls of repeated blocks copied from the first call "
+            f"of their block (trace_repeats)"
+        )
+
+
+def _locate_fallbacks(
+    report, model, args: tuple, kwargs: dict, dynamic_shapes, repeats: bool
+) -> None:
     """Give the report's fallbacks the model's source lines: the capture recorded no
     stack traces (``capture_export``), so one that does names them, by node name."""
     from dataclasses import replace
@@ -328,7 +343,7 @@ def _locate_fallbacks(report, model, args: tuple, kwargs: dict, dynamic_shapes) 
     from .frontends.torch.capture import source_lines
 
     if report.fallbacks:
-        lines = source_lines(model, args, kwargs, dynamic_shapes)
+        lines = source_lines(model, args, kwargs, dynamic_shapes, repeats)
         report.fallbacks = [
             replace(f, location=lines.get(f.node.name, f.location)) for f in report.fallbacks
         ]

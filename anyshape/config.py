@@ -39,6 +39,13 @@ class Options:
             "help": "reuse a compile of the same model from any earlier process (skips capture)"
         },
     )
+    trace_repeats: bool = field(
+        default=True,
+        metadata={
+            "help": "capture: trace one call of each repeated block (sibling layers alike) and "
+            "copy its ops to the others; off: torch.export traces every call"
+        },
+    )
     min_cluster_ops: int = field(
         default=1, metadata={"help": "clusters with fewer compiled ops run in PyTorch instead"}
     )

@@ -88,12 +88,18 @@ def export(
         # As in plugin mode: trace with dims of 0/1 widened, keep it if it agrees with eager.
         wide_args, wide_kwargs = widen_example(args), widen_example(kwargs)
         artifact = with_source_lines(
-            build, lambda **how: capture_export(model, wide_args, wide_kwargs, **how)
+            build,
+            lambda **how: capture_export(
+                model, wide_args, wide_kwargs, repeats=opts.trace_repeats, **how
+            ),
         )
         if _agrees_with_eager(artifact, model, args, kwargs):
             return artifact
     return with_source_lines(
-        build, lambda **how: capture_export(model, args, kwargs, dynamic_shapes, **how)
+        build,
+        lambda **how: capture_export(
+            model, args, kwargs, dynamic_shapes, repeats=opts.trace_repeats, **how
+        ),
     )
 
 

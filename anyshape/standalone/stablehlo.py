@@ -52,7 +52,9 @@ def to_stablehlo(
         args, kwargs = widen_example(args), widen_example(kwargs)
     return with_source_lines(
         lambda captured: _emit(captured, type(model).__name__, opts, weights, path),
-        lambda **how: capture_export(model, args, kwargs, dynamic_shapes, **how),
+        lambda **how: capture_export(
+            model, args, kwargs, dynamic_shapes, repeats=opts.trace_repeats, **how
+        ),
     )
 
 

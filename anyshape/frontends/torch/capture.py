@@ -43,6 +43,7 @@ class Captured:
     guards: list[Guard]  # shape guards torch.export relied on, checked on every call
     decomposed: bool = True  # False: lowered as exported, run_decompositions skipped
     seconds: float = 0.0  # how long capture_export took (explain()'s compile time)
+    stamped: int = 0  # calls of repeated blocks copied from a first call (repeated_blocks.py)
 
 
 # Composite ops kept whole: anyshape lowers them itself (one fused attention
@@ -194,8 +195,12 @@ def capture_export(
     dynamic_shapes=None,
     *,
     stack_traces: bool = False,
+    repeats: bool = True,
 ) -> Captured:
     """torch.export + decomposition to core ATen, with actionable errors.
+
+    ``repeats``: trace one call of each repeated block and copy it to the others
+    (``repeated_blocks.py``; the ``trace_repeats`` option).
 
     ``stack_traces``: record each node's Python stack (``node.meta["stack_trace"]``),
     which names the model's source line of an op anyshape cannot lower. Recording
@@ -205,10 +210,31 @@ def capture_export(
     """
     start = time.perf_counter()
     with _recording_stack_traces(stack_traces):
-        ep = _export(model, args, kwargs, dynamic_shapes)
-        captured = capture_program(ep, type(model).__name__)
+        captured = _stamped_capture(model, args, kwargs, dynamic_shapes) if repeats else None
+        if captured is None:  # nothing repeats, or the stamped program is not the model's
+            captured = capture_program(_export(model, args, kwargs, dynamic_shapes), _name(model))
     captured.seconds = time.perf_counter() - start
     return captured
+
+
+def _name(model) -> str:
+    return type(model).__name__
+
+
+def _stamped_capture(model, args: tuple, kwargs: dict | None, dynamic_shapes) -> Captured | None:
+    """The capture with each repeated block traced once (``repeated_blocks.py``); None where
+    no block repeats or the program is not the model's."""
+    from .examples import agrees_with_eager
+    from .repeated_blocks import stamped_capture
+
+    return stamped_capture(
+        model,
+        lambda: _export(model, args, kwargs, dynamic_shapes),
+        lambda ep: capture_program(ep, _name(model)),
+        # The same ATen ops as the model ran, so a tight tolerance: a copy that should
+        # have differed (a layer's index steering its ops) differs by far more.
+        lambda c: agrees_with_eager(model, c.gm, args, kwargs or {}, tolerance=1e-5),
+    )
 
 
 @contextlib.contextmanager
@@ -224,12 +250,14 @@ def _recording_stack_traces(record: bool):
         config.do_not_emit_stack_traces = before
 
 
-def source_lines(model, args: tuple, kwargs: dict | None = None, dynamic_shapes=None) -> dict:
+def source_lines(
+    model, args: tuple, kwargs: dict | None = None, dynamic_shapes=None, repeats: bool = True
+) -> dict:
     """Node name -> the model's source line that made it, from a capture recording stack
-    traces (the same model and inputs capture to the same node names)."""
+    traces (the same model, inputs and ``repeats`` capture to the same node names)."""
     from .lowering import source_location
 
-    gm = capture_export(model, args, kwargs, dynamic_shapes, stack_traces=True).gm
+    gm = capture_export(model, args, kwargs, dynamic_shapes, stack_traces=True, repeats=repeats).gm
     return {n.name: source_location(n) for n in gm.graph.nodes}
 
 

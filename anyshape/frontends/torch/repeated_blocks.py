@@ -1,0 +1,517 @@
+"""Trace a repeated block once and stamp out its copies: the capture of a deep model.
+
+Part of the torch frontend's capture (``capture.py``), around ``torch.export``.
+Transformers and ResNets repeat one block many times (BERT-base: 12 encoder
+layers; ResNet-50: 16 bottlenecks, 12 of them alike), and torch.export traces every
+call again with fake tensors and symbolic sizes, about 0.05 s per BERT layer.
+Here siblings of one class with the same parameter shapes and the same state
+(``find_repeated_blocks``) form a group. During the export, the first call of a
+group's member is traced as usual between two marker ops (``block_enter`` and
+``block_exit``); every later call whose inputs have the same structure, types and
+symbolic shapes becomes one ``block_copy`` op whose outputs are shaped like the
+first call's. After the export, ``splice`` replaces each copy op by the first
+call's nodes, rewired to the copy's inputs and weights, and drops the markers:
+the program is the one a full trace gives, node for node.
+
+Blocks alike in class, state, weights' shapes and inputs run the same Python, so
+they trace alike. The one difference let through is a layer's index in its stack
+(``POSITION_ATTRIBUTES``: transformers keep it to address a KV cache); where copies
+were made from a block at another index, the capture runs the spliced program on
+the example and compares it with the model (``capture.py``), and where they
+disagree it captures again with every call traced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+# Attributes that say where a block sits in its stack. Transformers' layers keep their
+# index to address a KV cache, which is an input here: a cache as input refuses stamping
+# (only plain containers may hold a block's inputs), so the index reaches no op.
+POSITION_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number"})
+
+# Types a block's inputs and outputs may be built of, besides tensors (pytree containers
+# aside): values the copy can take from the first call because they are equal.
+_PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.SymInt)
+_PLAIN_CONTAINERS = (tuple, list, dict)
+
+_groups: dict[int, Group] = {}  # live groups by id, for the fake kernel of block_copy
+_ids = itertools.count()
+_lock = threading.Lock()
+
+
+@dataclass
+class Call:
+    """What the first call of a group saw and returned (fake tensors, symbolic sizes)."""
+
+    in_spec: pytree.TreeSpec
+    in_leaves: list  # the leaves passed, each tensor as its metadata (``_meta``)
+    out_spec: pytree.TreeSpec
+    out_leaves: list  # the leaves returned, each tensor as _TENSOR
+    out_tensors: list[torch.Tensor]  # the fake outputs, whose metadata copies take
+
+
+_TENSOR = object()  # a tensor's place among a call's leaves
+
+
+@dataclass
+class Group:
+    """Sibling blocks alike: one traced (``first``), the rest stamped from it."""
+
+    gid: int
+    members: list[tuple[str, torch.nn.Module]]  # (qualified name, module)
+    first: Call | None = None
+    first_name: str | None = None
+    dead: bool = False  # the first call could not be a template: every call is traced
+    copies: int = 0
+
+    @property
+    def placed(self) -> bool:
+        """Whether the members differ in a position attribute (``POSITION_ATTRIBUTES``)."""
+        return len({_positions(m) for _, m in self.members}) > 1
+
+
+@dataclass
+class Stamping:
+    groups: list[Group] = field(default_factory=list)
+
+    @property
+    def copies(self) -> int:
+        return sum(g.copies for g in self.groups)
+
+    @property
+    def needs_check(self) -> bool:
+        """Whether a copy was made from a block whose position attributes differ from its
+        own: the one difference the signature lets through, so the program must be compared
+        with the model. Blocks with equal state, inputs and code trace alike."""
+        return any(g.copies and g.placed for g in self.groups)
+
+
+def _positions(module: torch.nn.Module) -> tuple:
+    return tuple(
+        (name, key, value)
+        for name, sub in module.named_modules()
+        for key, value in vars(sub).items()
+        if key in POSITION_ATTRIBUTES
+    )
+
+
+def _register_ops() -> None:
+    lib = "anyshape"
+
+    @torch.library.custom_op(f"{lib}::block_enter", mutates_args=())
+    def block_enter(xs: list[torch.Tensor], gid: int) -> list[torch.Tensor]:
+        return [x.clone() for x in xs]
+
+    @block_enter.register_fake
+    def _(xs, gid):
+        return [torch.empty_like(x) for x in xs]
+
+    @torch.library.custom_op(f"{lib}::block_exit", mutates_args=())
+    def block_exit(xs: list[torch.Tensor], gid: int) -> list[torch.Tensor]:
+        return [x.clone() for x in xs]
+
+    @block_exit.register_fake
+    def _(xs, gid):
+        return [torch.empty_like(x) for x in xs]
+
+    @torch.library.custom_op(f"{lib}::block_copy", mutates_args=())
+    def block_copy(
+        xs: list[torch.Tensor], weights: list[torch.Tensor], gid: int
+    ) -> list[torch.Tensor]:
+        raise RuntimeError("anyshape::block_copy only exists while a model is captured")
+
+    @block_copy.register_fake
+    def _(xs, weights, gid):
+        first = _groups[gid].first
+        return [
+            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+            for t in first.out_tensors
+        ]
+
+
+_register_ops()
+_ENTER = torch.ops.anyshape.block_enter.default
+_EXIT = torch.ops.anyshape.block_exit.default
+_COPY = torch.ops.anyshape.block_copy.default
+
+
+def stamped_capture(model, export, to_captured, agrees):
+    """``to_captured(export())`` with repeated blocks stamped; None where nothing repeats,
+    anything fails, or ``agrees(captured)`` (the program against the model on the
+    example) is false where it needs checking (``Stamping.needs_check``)."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    try:
+        with stamping(model) as stamp:
+            if not stamp.groups:
+                return None
+            ep = export()
+        copies = splice(ep, stamp, model)
+        captured = to_captured(ep)
+    except Exception:  # any failure (a model torch cannot export, too): trace it all
+        return None
+    if copies and stamp.needs_check and not agrees(captured):
+        return None
+    captured.stamped = copies
+    return captured
+
+
+def find_repeated_blocks(model: torch.nn.Module) -> list[list[tuple[str, torch.nn.Module]]]:
+    """Groups of two or more sibling modules alike (``_signature``), outermost first;
+    the inside of a grouped module is not searched (its copies are never traced)."""
+    groups = []
+
+    def visit(prefix: str, module: torch.nn.Module) -> None:
+        by_signature: dict = {}
+        for name, child in module.named_children():
+            # (a module without submodules, a Linear, costs a copy about what it saves)
+            sig = _signature(child) if next(child.children(), None) is not None else None
+            if sig is not None:
+                by_signature.setdefault(sig, []).append((f"{prefix}{name}", child))
+        grouped = set()
+        for members in by_signature.values():
+            if len(members) > 1 and len({id(m) for _, m in members}) == len(members):
+                groups.append(members)
+                grouped.update(id(m) for _, m in members)
+        for name, child in module.named_children():
+            if id(child) not in grouped:
+                visit(f"{prefix}{name}.", child)
+
+    visit("", model)
+    return groups
+
+
+def _signature(module: torch.nn.Module):
+    """What two blocks must share to trace alike: every submodule's class and state
+    (position attributes aside), every weight's name, shape, dtype and requires_grad,
+    and no hooks. None for a module that cannot be stamped (hooks, state not comparable)."""
+    parts = []
+    for name, sub in module.named_modules():
+        if _has_hooks(sub):
+            return None
+        state = []
+        for key, value in sorted(vars(sub).items()):
+            if key.startswith("_") or key == "training" or key in POSITION_ATTRIBUTES:
+                continue
+            if isinstance(value, torch.Tensor):
+                return None  # a tensor attribute outside the state dict: values may differ
+            state.append((key, _comparable(value)))
+        parts.append((name, type(sub), sub.training, tuple(state)))
+    for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
+        parts.append((name, tuple(t.shape), t.dtype, t.requires_grad, t.device.type))
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
+def _comparable(value):
+    """``value`` as something hashable that is equal exactly when the values are, or
+    its identity (a config object shared by every layer is the same object)."""
+    if isinstance(value, (bool, int, float, str, type(None), torch.dtype, torch.device)):
+        return (type(value), value)
+    if isinstance(value, (tuple, list)):
+        return (type(value), tuple(_comparable(v) for v in value))
+    return ("id", id(value))
+
+
+def _has_hooks(module: torch.nn.Module) -> bool:
+    return any(
+        getattr(module, name, None)
+        for name in (
+            "_forward_hooks",
+            "_forward_pre_hooks",
+            "_backward_hooks",
+            "_backward_pre_hooks",
+        )
+    )
+
+
+@contextlib.contextmanager
+def stamping(model: torch.nn.Module):
+    """While capturing ``model``: each repeated block's first call traced between markers,
+    later calls as ``block_copy`` ops. Yields the ``Stamping`` that ``splice`` takes."""
+    result = Stamping()
+    originals = []
+    thread = threading.get_ident()  # (another thread running the model meanwhile runs it as is)
+    try:
+        for members in find_repeated_blocks(model):
+            with _lock:
+                group = Group(next(_ids), members)
+                _groups[group.gid] = group
+            result.groups.append(group)
+            for name, module in members:
+                originals.append((module, module.__dict__.get("forward")))
+                module.forward = _stamped_forward(group, name, module, module.forward, thread)
+        yield result
+    finally:
+        for module, before in reversed(originals):
+            if before is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.forward = before
+        with _lock:
+            for group in result.groups:
+                _groups.pop(group.gid, None)
+
+
+def _stamped_forward(group: Group, name: str, module: torch.nn.Module, forward, thread: int):
+    def stamped(*args, **kwargs):
+        if group.dead or threading.get_ident() != thread:
+            return forward(*args, **kwargs)
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if not _plain_spec(spec) or not all(
+            isinstance(x, torch.Tensor) or isinstance(x, _PLAIN) for x in flat
+        ):
+            return _traced(group, forward, args, kwargs)
+        if group.first is None:
+            return _first_call(group, name, forward, flat, spec)
+        if not _same_call(group.first, flat, spec):
+            return forward(*args, **kwargs)  # traced as usual; the copies of the group go on
+        tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        weights = [t for _, t in _weights(module)]
+        outs = iter(_COPY(tensors, weights, group.gid))
+        group.copies += 1
+        leaves = [next(outs) if v is _TENSOR else v for v in group.first.out_leaves]
+        return pytree.tree_unflatten(leaves, group.first.out_spec)
+
+    return stamped
+
+
+def _traced(group: Group, forward, args, kwargs):
+    if group.first is None:
+        group.dead = True
+    return forward(*args, **kwargs)
+
+
+def _first_call(group: Group, name: str, forward, flat: list, spec):
+    tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+    if not tensors:
+        group.dead = True
+        args, kwargs = pytree.tree_unflatten(flat, spec)
+        return forward(*args, **kwargs)
+    entered = _ENTER(tensors, group.gid)
+    versions = [t._version for t in entered]
+    inner = iter(entered)
+    inner = [next(inner) if isinstance(x, torch.Tensor) else x for x in flat]
+    args, kwargs = pytree.tree_unflatten(inner, spec)
+    out = forward(*args, **kwargs)
+    out_flat, out_spec = pytree.tree_flatten(out)
+    out_tensors = [x for x in out_flat if isinstance(x, torch.Tensor)]
+    ok = (
+        versions == [t._version for t in entered]  # a block writing to its inputs: no
+        and all(isinstance(x, torch.Tensor) or isinstance(x, _PLAIN) for x in out_flat)
+        and _sizes_from(out_tensors, tensors)
+    )
+    if not ok:
+        group.dead = True
+        return out
+    exited = iter(_EXIT(out_tensors, group.gid))
+    out_flat = [next(exited) if isinstance(x, torch.Tensor) else x for x in out_flat]
+    group.first = Call(
+        spec,
+        [_meta(x) if isinstance(x, torch.Tensor) else x for x in flat],
+        out_spec,
+        [_TENSOR if isinstance(x, torch.Tensor) else x for x in out_flat],
+        [x for x in out_flat if isinstance(x, torch.Tensor)],
+    )
+    group.first_name = name
+    return pytree.tree_unflatten(out_flat, out_spec)
+
+
+def _plain_spec(spec: pytree.TreeSpec) -> bool:
+    """Whether a call's inputs are built of tuples, lists and dicts only (a cache object or
+    other mutable container would carry state the first call changes and a copy would not)."""
+    if spec.is_leaf():
+        return True
+    return spec.type in _PLAIN_CONTAINERS and all(_plain_spec(c) for c in spec.children())
+
+
+def _same_call(first: Call, flat: list, spec) -> bool:
+    if spec != first.in_spec:
+        return False
+    for x, want in zip(flat, first.in_leaves):
+        if isinstance(x, torch.Tensor):
+            if not isinstance(want, _Meta) or _meta(x) != want:
+                return False
+        elif isinstance(want, _Meta) or not _same_scalar(x, want):
+            return False
+    return True
+
+
+def _same_scalar(a, b) -> bool:
+    if isinstance(a, torch.SymInt) or isinstance(b, torch.SymInt):
+        return (
+            isinstance(a, torch.SymInt)
+            and isinstance(b, torch.SymInt)
+            and (a.node.expr == b.node.expr)
+        )
+    return type(a) is type(b) and a == b
+
+
+class _Meta(tuple):
+    """A tensor's metadata among a call's leaves (``_meta``)."""
+
+
+def _meta(t: torch.Tensor) -> _Meta:
+    """A tensor's metadata in terms that compare symbolic sizes by expression."""
+    return _Meta(
+        (
+            tuple(_size_key(s) for s in t.shape),
+            # (a dim of size 1 is never stepped over: its stride is no difference)
+            tuple(
+                None if type(n) is int and n == 1 else _size_key(s)
+                for n, s in zip(t.shape, t.stride())
+            ),
+            t.dtype,
+            t.device,
+            t.requires_grad,
+        )
+    )
+
+
+def _size_key(s):
+    if not isinstance(s, torch.SymInt):
+        return s
+    expr = s.node.expr  # (a marked dim torch fixed is a SymInt of a number: the number)
+    return int(expr) if expr.is_number else ("sym", expr)
+
+
+def _free_symbols(tensors) -> set:
+    out = set()
+    for t in tensors:
+        for s in itertools.chain(t.shape, t.stride()):
+            if isinstance(s, torch.SymInt):
+                out |= s.node.expr.free_symbols
+    return out
+
+
+def _sizes_from(outputs, inputs) -> bool:
+    """Whether the outputs' sizes are expressions of the inputs' alone (not of a size a
+    data-dependent op made up inside the block, which each copy would have its own of)."""
+    return _free_symbols(outputs) <= _free_symbols(inputs)
+
+
+def _weights(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """A block's parameters and buffers in a fixed order (the same in every copy)."""
+    return list(
+        itertools.chain(
+            module.named_parameters(remove_duplicate=False),
+            module.named_buffers(remove_duplicate=False),
+        )
+    )
+
+
+def splice(ep, stamp: Stamping, model: torch.nn.Module) -> int:
+    """Replace every ``block_copy`` in ``ep``'s graph by its group's first call's nodes and
+    drop the markers; the number of copies spliced."""
+    graph = ep.graph
+    fqns = _weight_fqns(ep)
+    by_fqn = {fqns[n.name]: n for n in graph.nodes if n.op == "placeholder" and n.name in fqns}
+    names = {id(t): n for n, t in _all_weights(model)}
+    regions = _regions(graph)
+    spliced = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not _COPY:
+            continue
+        xs, weights, gid = node.args
+        enter, exit_, body = regions[gid]
+        group = next(g for g in stamp.groups if g.gid == gid)
+        template = dict(group.members)[group.first_name]
+        env: dict[fx.Node, object] = {item: xs[k] for item, k in _items(enter).items()}
+        for (_, t), w in zip(_weights(template), weights):
+            placeholder = by_fqn.get(names.get(id(t)))
+            if placeholder is not None:
+                env[placeholder] = w
+        _check_weights_mapped(group.first_name, body, env, fqns)
+        _copy_nodes(graph, body, env, before=node)
+        results = [env.get(a, a) for a in exit_.args[0]]
+        for user in list(node.users):
+            user.replace_all_uses_with(results[user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(node)
+        spliced += 1
+    markers = [n for n in graph.nodes if n.op == "call_function" and n.target in (_ENTER, _EXIT)]
+    for marker in reversed(markers):
+        for user in list(marker.users):
+            user.replace_all_uses_with(marker.args[0][user.args[1]])
+            graph.erase_node(user)
+        graph.erase_node(marker)
+    graph.eliminate_dead_code()
+    ep.graph_module.recompile()
+    return spliced
+
+
+def _copy_nodes(graph: fx.Graph, body: list[fx.Node], env: dict, before: fx.Node) -> None:
+    """``body``'s nodes copied in order before ``before``, reading ``env``'s replacements
+    (and adding each copy to it)."""
+    with graph.inserting_before(before):
+        for n in body:
+            env[n] = graph.node_copy(n, lambda a: env.get(a, a))
+
+
+class Unstampable(Exception):
+    """A first call's nodes read a tensor that is neither its input nor a weight."""
+
+
+def _regions(graph: fx.Graph) -> dict[int, tuple[fx.Node, fx.Node, list[fx.Node]]]:
+    """Per group with a template: its enter and exit markers and the nodes traced between."""
+    out, open_ = {}, {}
+    for n in graph.nodes:
+        if n.op == "call_function" and n.target is _ENTER:
+            open_[n.args[1]] = (n, [])
+        elif n.op == "call_function" and n.target is _EXIT and n.args[1] in open_:
+            enter, body = open_.pop(n.args[1])
+            items = _items(enter)
+            body = [b for b in body if b not in items]
+            _check_closed(n.args[1], items, body)
+            out[n.args[1]] = (enter, n, body)
+        else:
+            for _, body in open_.values():
+                body.append(n)
+    return out
+
+
+def _check_closed(gid: int, items, body: list[fx.Node]) -> None:
+    """Whether every tensor the region reads is its input, a placeholder (weight, constant,
+    model input: the same for every copy, or mapped to the copy's) or its own node."""
+    inside = set(body) | set(items)
+    for n in body:
+        for a in n.all_input_nodes:
+            if a in inside or a.op == "placeholder":
+                continue
+            if isinstance(a.meta.get("val"), torch.Tensor):
+                raise Unstampable(f"block {gid} reads {a.name}, made outside it")
+
+
+def _items(marker: fx.Node) -> dict[fx.Node, int]:
+    """The ``getitem`` nodes that unpack a marker's list, by index."""
+    return {u: u.args[1] for u in marker.users}
+
+
+def _weight_fqns(ep) -> dict[str, str]:
+    """Placeholder name -> the qualified name of the parameter or buffer it holds."""
+    sig = ep.graph_signature
+    return {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+
+
+def _check_weights_mapped(first_name: str, body, env, fqns: dict[str, str]) -> None:
+    """Every weight of the first call its nodes read is replaced by the copy's."""
+    prefix = f"{first_name}."
+    for n in body:
+        for a in n.all_input_nodes:
+            if a.op == "placeholder" and a not in env and fqns.get(a.name, "").startswith(prefix):
+                raise Unstampable(f"{fqns[a.name]} has no counterpart in a copy")
+
+
+def _all_weights(model: torch.nn.Module):
+    return itertools.chain(model.named_parameters(), model.named_buffers())

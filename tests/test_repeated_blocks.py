@@ -1,0 +1,276 @@
+"""Capture with repeated blocks traced once (``frontends/torch/repeated_blocks.py``).
+
+The program a stamped capture gives must be the one a full trace gives (node for node,
+dead nodes aside), every copy reading its own weights and inputs; a block that cannot be
+copied (its index steering its ops, a write to its input, a tensor read from outside its
+inputs) is traced as usual and the answers stay right.
+"""
+
+from __future__ import annotations
+
+import types
+from collections import Counter
+
+import pytest
+import torch
+import transformers
+
+import anyshape
+from anyshape.frontends.torch.capture import capture_export
+from anyshape.frontends.torch.repeated_blocks import find_repeated_blocks
+
+
+class Block(torch.nn.Module):
+    """A pre-norm residual block with attention over the sequence, as transformers have."""
+
+    def __init__(self, width: int = 16, index: int = 0):
+        super().__init__()
+        self.layer_idx = index
+        self.norm = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x, mask):
+        q, k, v = self.qkv(self.norm(x)).chunk(3, dim=-1)
+        scores = (q @ k.transpose(-1, -2)) / 4 + mask
+        return x + self.out(scores.softmax(-1) @ v)
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, depth: int = 4, block=Block):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(block(index=i) for i in range(depth))
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x, lengths):
+        pos = torch.arange(x.shape[1])
+        mask = torch.where(pos[None, None, :] < lengths[:, None, None], 0.0, -1e4)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(x)
+
+
+def _inputs(b: int, s: int):
+    g = torch.Generator().manual_seed(b * 100 + s)
+    return torch.randn(b, s, 16, generator=g), torch.randint(1, max(2, s + 1), (b,), generator=g)
+
+
+def _ops(gm) -> Counter:
+    gm.graph.eliminate_dead_code()
+    return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def _agree(model, compiled, shapes):
+    for b, s in shapes:
+        x = _inputs(b, s)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*x), model(*x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_stack_traces_one_block_and_copies_the_rest_node_for_node():
+    model = Stack().eval()
+    example = _inputs(2, 6)
+    stamped = capture_export(model, example)
+    traced = capture_export(model, example, repeats=False)
+    assert stamped.stamped == 3 and traced.stamped == 0
+    assert _ops(stamped.gm) == _ops(traced.gm)
+    assert sum(n.op == "placeholder" for n in stamped.gm.graph.nodes) == sum(
+        n.op == "placeholder" for n in traced.gm.graph.nodes
+    )
+    for b, s in [(1, 1), (3, 9), (2, 0)]:
+        x = _inputs(b, s)
+        with torch.no_grad():
+            torch.testing.assert_close(stamped.gm(*x), model(*x), rtol=0, atol=0)
+
+
+def test_every_copy_reads_its_own_weights():
+    """A copy reading the first block's weights would be right only where they are equal."""
+    model = Stack().eval()
+    with torch.no_grad():
+        for i, block in enumerate(model.blocks):
+            block.out.weight.mul_(i + 1)
+    compiled = anyshape.optimize(model, _inputs(2, 6))
+    assert "calls of repeated blocks copied" in str(compiled.explain())
+    _agree(model, compiled, [(1, 1), (2, 6), (4, 33), (3, 0)])
+
+
+def test_one_compilation_for_every_shape():
+    model = Stack().eval()
+    before = anyshape.stats()["compilations"]
+    compiled = anyshape.optimize(model, _inputs(2, 6))
+    _agree(model, compiled, [(1, 5), (5, 2), (2, 17), (1, 1)])
+    assert anyshape.stats()["compilations"] - before == 1
+
+
+class IndexedBlock(Block):
+    """A block whose index steers its ops: odd layers scale their output."""
+
+    def forward(self, x, mask):
+        y = super().forward(x, mask)
+        return y * 2 if self.layer_idx % 2 else y
+
+
+def test_a_block_whose_index_steers_its_ops_is_traced_per_call():
+    model = Stack(block=IndexedBlock).eval()
+    assert len(find_repeated_blocks(model)) == 1  # alike but for the index
+    captured = capture_export(model, _inputs(2, 6))
+    assert captured.stamped == 0
+    _agree(model, anyshape.optimize(model, _inputs(2, 6)), [(1, 3), (3, 8)])
+
+
+class WritingBlock(Block):
+    """A block that writes to its input (the caller reads the written value afterwards)."""
+
+    def forward(self, x, mask):
+        x.mul_(0.5)
+        return self.out(x)
+
+
+class Residual(torch.nn.Module):
+    def __init__(self, depth: int = 3):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(WritingBlock() for _ in range(depth))
+
+    def forward(self, x, lengths):
+        x = x + 0
+        for block in self.blocks:
+            x = x + block(x, None)
+        return x
+
+
+def test_a_block_writing_to_its_input_is_traced_per_call():
+    model = Residual().eval()
+    captured = capture_export(model, _inputs(2, 6))
+    assert captured.stamped == 0
+    x = _inputs(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(captured.gm(*x), model(*x))
+
+
+class Scaled(Block):
+    def __init__(self, width: int = 16, index: int = 0):
+        super().__init__(width, index)
+        self.scale = 1.0 + index
+
+
+def test_blocks_with_different_state_are_not_grouped():
+    assert find_repeated_blocks(Stack(block=Scaled)) == []
+    model = Stack().eval()
+    model.blocks[2].register_forward_hook(lambda m, i, o: o * 2)  # hooks: never grouped
+    assert [[n for n, _ in g] for g in find_repeated_blocks(model)] == [
+        ["blocks.0", "blocks.1", "blocks.3"]
+    ]
+
+
+class SharedInput(torch.nn.Module):
+    """Blocks that read a tensor their parent leaves on a shared object, not an input."""
+
+    def __init__(self):
+        super().__init__()
+        board = types.SimpleNamespace(value=None)
+        self.board = board
+
+        def read():
+            return board.value
+
+        self.blocks = torch.nn.ModuleList(Reader(read) for _ in range(3))
+
+    def forward(self, x, lengths):
+        for i, block in enumerate(self.blocks):
+            self.board.value = x * (i + 1)
+            x = block(x)
+        return x
+
+
+class Reader(torch.nn.Module):
+    def __init__(self, read):
+        super().__init__()
+        self.read = read  # (the same function in every block: their state is equal)
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.lin(x) + self.read()
+
+
+def test_a_block_reading_a_tensor_made_outside_its_inputs_is_traced_per_call():
+    model = SharedInput().eval()
+    assert len(find_repeated_blocks(model)) == 1
+    captured = capture_export(model, _inputs(2, 6))
+    assert captured.stamped == 0
+    x = _inputs(3, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(captured.gm(*x), model(*x))
+
+
+class Pyramid(torch.nn.Module):
+    """Alike blocks called on inputs of different shapes: copies only where they match."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(4))
+
+    def forward(self, x, lengths):
+        s = x.shape[1]
+        mask = torch.zeros(s, s)
+        half = torch.zeros(s // 2, s // 2)
+        x = self.blocks[0](x, mask)
+        y = self.blocks[1](x[:, : s // 2], half)
+        x = self.blocks[2](x, mask)
+        return x.sum(1) + self.blocks[3](y, half).sum(1)
+
+
+def test_calls_on_other_shapes_are_traced_and_the_rest_copied():
+    model = Pyramid().eval()
+    captured = capture_export(model, _inputs(2, 8))
+    assert captured.stamped == 1  # blocks[2] as blocks[0]; blocks[1] and [3] traced
+    compiled = anyshape.optimize(model, _inputs(2, 8))
+    _agree(model, compiled, [(1, 4), (3, 9), (2, 30)])  # (torch guards s // 2 >= 2)
+
+
+def test_the_option_turns_it_off():
+    model = Stack().eval()
+    compiled = anyshape.optimize(model, _inputs(2, 6), trace_repeats=False)
+    assert "copied from the first call" not in str(compiled.explain())
+    _agree(model, compiled, [(2, 7)])
+
+
+@pytest.mark.parametrize("family", ["bert", "t5"])
+def test_transformers_trace_one_layer(family):
+    """BERT's layers differ in their index (checked against the model); T5's first block
+    holds the relative position bias, so the second is the one traced."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    if family == "bert":
+        cfg = transformers.BertConfig(
+            vocab_size=50, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+            num_hidden_layers=4,
+        )  # fmt: skip
+        model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+
+        def inputs(b, s):
+            return {"input_ids": torch.randint(0, 50, (b, s), generator=g)}
+
+        copies = 3
+    else:
+        cfg = transformers.T5Config(
+            vocab_size=64, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=4,
+            num_decoder_layers=4, use_cache=False,
+        )  # fmt: skip
+        model = transformers.T5Model(cfg).eval()
+
+        def inputs(b, s):
+            return {
+                "input_ids": torch.randint(0, 64, (b, s), generator=g),
+                "decoder_input_ids": torch.randint(0, 64, (b, max(1, s // 2)), generator=g),
+            }
+
+        copies = 4  # blocks 2 and 3 of the encoder and of the decoder
+    captured = capture_export(model, (), inputs(2, 8))
+    assert captured.stamped == copies
+    assert _ops(captured.gm) == _ops(capture_export(model, (), inputs(2, 8), repeats=False).gm)
+    compiled = anyshape.optimize(model, inputs(2, 8))
+    for b, s in [(1, 1), (3, 13)]:
+        x = inputs(b, s)
+        with torch.no_grad():
+            want = model(**x).last_hidden_state
+        torch.testing.assert_close(compiled(**x)["last_hidden_state"], want, rtol=1e-4, atol=1e-5)
