@@ -110,11 +110,24 @@ class IndexedBlock(Block):
         return y * 2 if self.layer_idx % 2 else y
 
 
-def test_a_block_whose_index_steers_its_ops_is_traced_per_call():
+def test_a_block_whose_index_steers_its_ops_is_traced_per_call(monkeypatch):
+    from anyshape.frontends.torch import examples
+
+    checks = []
+    check = examples.agrees_with_eager
+
+    def counted(*args, **kwargs):
+        checks.append(1)
+        return check(*args, **kwargs)
+
+    monkeypatch.setattr(examples, "agrees_with_eager", counted)
+    assert capture_export(Stack().eval(), _inputs(2, 6)).stamped == 3
+    assert not checks  # the index is never read: nothing to compare
     model = Stack(block=IndexedBlock).eval()
     assert len(find_repeated_blocks(model)) == 1  # alike but for the index
     captured = capture_export(model, _inputs(2, 6))
-    assert captured.stamped == 0
+    assert captured.stamped == 0 and checks == [1]
+    assert all(type(b) is IndexedBlock for b in model.blocks)  # (read through a subclass)
     _agree(model, anyshape.optimize(model, _inputs(2, 6)), [(1, 3), (3, 8)])
 
 

@@ -15,10 +15,10 @@ the program is the one a full trace gives, node for node.
 
 Blocks alike in class, state, weights' shapes and inputs run the same Python, so
 they trace alike. The one difference let through is a layer's index in its stack
-(``POSITION_ATTRIBUTES``: transformers keep it to address a KV cache); where copies
-were made from a block at another index, the capture runs the spliced program on
-the example and compares it with the model (``capture.py``), and where they
-disagree it captures again with every call traced.
+(``POSITION_ATTRIBUTES``: transformers keep it to address a KV cache); where the
+traced call read it and copies were made from a block at another index, the
+capture runs the spliced program on the example and compares it with the model
+(``capture.py``), and where they disagree it captures again with every call traced.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class Group:
     first_name: str | None = None
     dead: bool = False  # the first call could not be a template: every call is traced
     copies: int = 0
+    reads_position: bool = False  # the first call read a position attribute
 
     @property
     def placed(self) -> bool:
@@ -89,9 +90,10 @@ class Stamping:
     @property
     def needs_check(self) -> bool:
         """Whether a copy was made from a block whose position attributes differ from its
-        own: the one difference the signature lets through, so the program must be compared
-        with the model. Blocks with equal state, inputs and code trace alike."""
-        return any(g.copies and g.placed for g in self.groups)
+        own and were read while it was traced: the one difference the signature lets
+        through, so the program must be compared with the model. Blocks with equal state,
+        inputs and code trace alike."""
+        return any(g.copies and g.placed and g.reads_position for g in self.groups)
 
 
 def _positions(module: torch.nn.Module) -> tuple:
@@ -304,7 +306,8 @@ def _first_call(group: Group, name: str, forward, flat: list, spec):
     inner = iter(entered)
     inner = [next(inner) if isinstance(x, torch.Tensor) else x for x in flat]
     args, kwargs = pytree.tree_unflatten(inner, spec)
-    out = forward(*args, **kwargs)
+    with _watching_positions(dict(group.members)[name], group):
+        out = forward(*args, **kwargs)
     out_flat, out_spec = pytree.tree_flatten(out)
     out_tensors = [x for x in out_flat if isinstance(x, torch.Tensor)]
     ok = (
@@ -326,6 +329,40 @@ def _first_call(group: Group, name: str, forward, flat: list, spec):
     )
     group.first_name = name
     return pytree.tree_unflatten(out_flat, out_spec)
+
+
+@contextlib.contextmanager
+def _watching_positions(module: torch.nn.Module, group: Group):
+    """While ``module`` runs, a read of a position attribute of it or its submodules sets
+    ``group.reads_position`` (each such submodule's class swapped for a subclass with a
+    property per attribute; transformers read ``layer_idx`` only with a KV cache, or to
+    scale attention by ``1 / (layer_idx + 1)``)."""
+    swapped = []
+    for _, sub in module.named_modules():
+        keys = [k for k in vars(sub) if k in POSITION_ATTRIBUTES]
+        if keys:
+            swapped.append((sub, type(sub)))
+            sub.__class__ = _watched_class(type(sub), tuple(keys), group)
+    try:
+        yield
+    finally:
+        for sub, cls in reversed(swapped):
+            sub.__class__ = cls
+
+
+def _watched_class(cls: type, keys: tuple[str, ...], group: Group) -> type:
+    def watched(key: str) -> property:
+        def read(self):
+            group.reads_position = True
+            return self.__dict__[key]
+
+        def write(self, value):
+            self.__dict__[key] = value
+
+        return property(read, write)
+
+    body = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    return type(cls.__name__, (cls,), body | {k: watched(k) for k in keys})
 
 
 def _plain_spec(spec: pytree.TreeSpec) -> bool:
