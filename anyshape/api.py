@@ -274,9 +274,10 @@ _PYTHON_CALL = OptimizedModule.__call__  # the general path of the C __call__
 
 
 def _compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):
+    from .gc_pause import collection_paused
     from .plugin.pytree_types import exportable_caches
 
-    with exportable_caches():
+    with exportable_caches(), collection_paused():
         return _capture_and_compile(model, args, kwargs, dynamic_shapes, options)
 
 

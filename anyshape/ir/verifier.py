@@ -53,4 +53,8 @@ def verify_graph(graph: Graph) -> None:
         new = [str(g) for g in store.guards[len(graph.constraints.guards) :]]
         problems.append(f"graph relies on unrecorded shape guards: {new}")
     if problems:
-        raise VerificationError(f"graph @{graph.name} is invalid:\n  " + "\n  ".join(problems))
+        # (the first problem on the first line: a fallback's reason quotes only that line)
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise VerificationError(
+            f"graph @{graph.name} is invalid: {problems[0]}{more}\n  " + "\n  ".join(problems)
+        )

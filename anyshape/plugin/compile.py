@@ -91,6 +91,21 @@ def compile_graph(
     discard this result and compile again). ``capture_seconds``: how long capturing
     ``gm`` took, the first stage of the report's compile time.
     """
+    from ..gc_pause import collection_paused
+
+    with collection_paused():
+        return _compile_graph(gm, ranges, options, with_prologue, count, guards, capture_seconds)
+
+
+def _compile_graph(
+    gm: fx.GraphModule,
+    ranges: dict,
+    options: Options,
+    with_prologue: bool,
+    count: bool,
+    guards,
+    capture_seconds: float | None,
+) -> tuple[fx.GraphModule, CompileReport]:
     # Metadata assertions restate what the prologue checks (input dtypes) or what
     # compiled code guarantees; left in, they keep values alive as extra cluster
     # outputs and force the general FX call path.
