@@ -33,6 +33,7 @@ from ...ir.symbolic import as_expr, format_dim
 from .fresh_writes import rewrite_fresh_writes
 from .size_rewrites import register_size_rewrites
 from .symbols import sympy_to_expr, to_dim
+from .traced_forms import restore_traced_forms, traced_forms
 
 
 @dataclass
@@ -145,49 +146,6 @@ def _quiet_specialization_log(quiet: bool):
         logger.removeFilter(dropped)
 
 
-@contextlib.contextmanager
-def _max_pool1d_as_2d():
-    """``F.max_pool1d`` traced as a 2-D pool over ``[N, C, 1, L]`` while capturing.
-
-    torch's C++ ``max_pool1d`` reads its input length as a number, so tracing fixes
-    it (``Eq(L, 9)``: every other length a new graph); the 2-D pool's shape function
-    keeps it symbolic, with the same values. The returned-indices form is left to
-    torch (``max_pool1d_with_indices`` is symbolic already). The name is swapped
-    for the capture only; a call from another thread meanwhile gets the same result.
-    """
-    import torch.nn.functional as F
-
-    original = F.max_pool1d
-
-    def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                   return_indices=False):  # fmt: skip
-        x = input
-        if return_indices or not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
-            return original(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
-
-        def one(v, default):
-            if isinstance(v, (list, tuple)):
-                return v[0] if len(v) else default
-            return default if v is None else v
-
-        k = one(kernel_size, None)
-        y = F.max_pool2d(
-            x.unsqueeze(-2),
-            (1, k),
-            (1, one(stride, k)),
-            (0, one(padding, 0)),
-            (1, one(dilation, 1)),
-            ceil_mode,
-        )
-        return y.squeeze(-2)
-
-    F.max_pool1d = max_pool1d
-    try:
-        yield
-    finally:
-        F.max_pool1d = original
-
-
 def capture_export(
     model: torch.nn.Module,
     args: tuple,
@@ -287,10 +245,11 @@ def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool 
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
     grad_mode = contextlib.nullcontext() if grad else torch.no_grad()
     try:
-        with grad_mode, _quiet_specialization_log(ours), _max_pool1d_as_2d():
+        with grad_mode, _quiet_specialization_log(ours), traced_forms(opaque=not grad):
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
+        restore_traced_forms(ep)
     except Exception as e:  # torch raises many types here; all mean "could not capture"
         raise CaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "

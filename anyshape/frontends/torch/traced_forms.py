@@ -1,0 +1,149 @@
+"""Ops traced in another form while a model is captured, and put back after.
+
+Part of capture (``capture.py``), around ``torch.export``:
+
+- ``max_pool1d_as_2d``: ``F.max_pool1d`` traced as a 2-D pool, whose shape function
+  keeps the length symbolic (the 1-D one reads it as a number).
+- ``opaque_batch_norm``: eval-mode ``F.batch_norm`` traced as one opaque op whose
+  output is shaped like its input. torch traces ``aten.batch_norm`` by running its
+  composite implementation on fake tensors, and on a ResNet's symbolic image sizes
+  (conv and pool arithmetic) that costs about 20 ms a call: half of ResNet-50's
+  capture. After the export ``restore_traced_forms`` makes each such node the
+  ``aten.batch_norm`` torch would have recorded, with the same arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+__all__ = ["max_pool1d_as_2d", "opaque_batch_norm", "restore_traced_forms", "traced_forms"]
+
+
+@torch.library.custom_op("anyshape::batch_norm_eval", mutates_args=())
+def batch_norm_eval(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    mean: torch.Tensor,
+    var: torch.Tensor,
+    momentum: float,
+    eps: float,
+    cudnn: bool,
+) -> torch.Tensor:
+    return torch.batch_norm(x, weight, bias, mean, var, False, momentum, eps, cudnn)
+
+
+@batch_norm_eval.register_fake
+def _(x, weight, bias, mean, var, momentum, eps, cudnn):
+    # (what torch's own checks say of a wrong channel count, without its composite)
+    torch._check(x.dim() >= 2, lambda: f"batch_norm: input of rank {x.dim()}")
+    for t in (weight, bias, mean, var):
+        if t is not None:
+            torch._check(
+                t.dim() == 1 and t.shape[0] == x.shape[1],
+                lambda t=t: f"batch_norm: {tuple(t.shape)} for {x.shape[1]} channels",
+            )
+    return torch.empty_like(x)
+
+
+_BATCH_NORM_EVAL = torch.ops.anyshape.batch_norm_eval.default
+
+
+@contextlib.contextmanager
+def traced_forms(opaque: bool = True):
+    """Every substitution while the body captures; ``opaque=False`` (a capture autograd
+    will differentiate) leaves batch norm as torch traces it."""
+    with max_pool1d_as_2d(), opaque_batch_norm() if opaque else contextlib.nullcontext():
+        yield
+
+
+@contextlib.contextmanager
+def opaque_batch_norm():
+    """``F.batch_norm`` in eval mode with running statistics as ``anyshape::batch_norm_eval``
+    while the body runs (training mode, or statistics of the batch, as torch traces it).
+    A call from another thread meanwhile gets the same result through the op."""
+    import torch.nn.functional as F
+
+    original = F.batch_norm
+
+    def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
+                   momentum=0.1, eps=1e-5):  # fmt: skip
+        plain = (
+            not training
+            and isinstance(input, torch.Tensor)
+            and isinstance(running_mean, torch.Tensor)
+            and isinstance(running_var, torch.Tensor)
+            and not torch.overrides.has_torch_function_variadic(input, running_mean, weight)
+        )
+        if not plain:
+            return original(input, running_mean, running_var, weight, bias, training, momentum,
+                            eps)  # fmt: skip
+        cudnn = torch.backends.cudnn.enabled
+        return batch_norm_eval(
+            input, weight, bias, running_mean, running_var, float(momentum), float(eps), cudnn
+        )
+
+    F.batch_norm = batch_norm
+    try:
+        yield
+    finally:
+        F.batch_norm = original
+
+
+def restore_traced_forms(ep) -> None:
+    """Each ``anyshape::batch_norm_eval`` of ``ep``'s graph as the ``aten.batch_norm`` node
+    torch records for the call (its metadata kept)."""
+    changed = False
+    for n in ep.graph.nodes:
+        if n.op == "call_function" and n.target is _BATCH_NORM_EVAL:
+            x, weight, bias, mean, var, momentum, eps, cudnn = n.args
+            n.target = torch.ops.aten.batch_norm.default
+            n.args = (x, weight, bias, mean, var, False, momentum, eps, cudnn)
+            changed = True
+    if changed:
+        ep.graph_module.recompile()
+
+
+@contextlib.contextmanager
+def max_pool1d_as_2d():
+    """``F.max_pool1d`` traced as a 2-D pool over ``[N, C, 1, L]`` while capturing.
+
+    torch's C++ ``max_pool1d`` reads its input length as a number, so tracing fixes
+    it (``Eq(L, 9)``: every other length a new graph); the 2-D pool's shape function
+    keeps it symbolic, with the same values. The returned-indices form is left to
+    torch (``max_pool1d_with_indices`` is symbolic already). The name is swapped
+    for the capture only; a call from another thread meanwhile gets the same result.
+    """
+    import torch.nn.functional as F
+
+    original = F.max_pool1d
+
+    def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+                   return_indices=False):  # fmt: skip
+        x = input
+        if return_indices or not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
+            return original(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+        def one(v, default):
+            if isinstance(v, (list, tuple)):
+                return v[0] if len(v) else default
+            return default if v is None else v
+
+        k = one(kernel_size, None)
+        y = F.max_pool2d(
+            x.unsqueeze(-2),
+            (1, k),
+            (1, one(stride, k)),
+            (0, one(padding, 0)),
+            (1, one(dilation, 1)),
+            ceil_mode,
+        )
+        return y.squeeze(-2)
+
+    F.max_pool1d = max_pool1d
+    try:
+        yield
+    finally:
+        F.max_pool1d = original

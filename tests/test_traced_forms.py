@@ -1,0 +1,77 @@
+"""Ops traced in another form while capturing (``frontends/torch/traced_forms.py``): the
+program after the export is the one torch records, op for op and argument for argument."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import anyshape
+from anyshape.errors import CaptureError
+from anyshape.frontends.torch.capture import _export, capture_export
+
+
+class ConvNorm(torch.nn.Module):
+    def __init__(self, affine: bool = True, eps: float = 1e-5):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8, affine=affine, eps=eps, momentum=0.3)
+        self.bn1 = torch.nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x)).relu()
+        return self.bn1(y.flatten(2)).sum(-1)
+
+
+def _calls(graph) -> list:
+    """Each call's op and arguments, a node argument as the position of its node."""
+    where = {n: k for k, n in enumerate(graph.nodes)}
+
+    def arg(a):
+        return ("node", where[a]) if isinstance(a, torch.fx.Node) else repr(a)
+
+    return [
+        (str(n.target), [arg(a) for a in n.args]) for n in graph.nodes if n.op == "call_function"
+    ]
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_eval_batch_norm_is_recorded_as_torch_records_it(affine):
+    model = ConvNorm(affine, eps=1e-3).eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 3, 9, 7)
+    dims = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO},)
+    with torch.no_grad():
+        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
+    ours = _export(model, (x,), {}, dims)
+    assert _calls(ours.graph) == _calls(torch_own.graph)
+    assert sum("batch_norm" in t for t, _ in _calls(ours.graph)) == 2
+    compiled = anyshape.optimize(model, (x,))
+    for shape in [(1, 3, 1, 1), (3, 3, 16, 5), (0, 3, 4, 4)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_training_batch_norm_is_traced_as_torch_traces_it():
+    model = ConvNorm().train()
+    x = torch.randn(4, 3, 6, 6)
+    ep = _export(model, (x,), {}, None, grad=True)
+    assert not any("anyshape" in t for t, _ in _calls(ep.graph))
+    assert model.bn.num_batches_tracked.item() == 0  # (a capture updates no statistics)
+
+
+class WrongChannels(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.bn = torch.nn.BatchNorm2d(4).eval()
+
+    def forward(self, x):
+        return self.bn(x)
+
+
+def test_a_wrong_channel_count_is_a_capture_error_naming_it():
+    with pytest.raises(CaptureError, match="batch_norm"):
+        capture_export(WrongChannels().eval(), (torch.randn(2, 3, 5, 5),))
