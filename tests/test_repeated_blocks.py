@@ -166,8 +166,20 @@ class Scaled(Block):
         self.scale = 1.0 + index
 
 
+class PrivatelyScaled(Block):
+    def __init__(self, width: int = 16, index: int = 0):
+        super().__init__(width, index)
+        self._scale = 1.0 / (index + 1)  # (private state is state too)
+
+    def forward(self, x, mask):
+        return super().forward(x, mask) * self._scale
+
+
 def test_blocks_with_different_state_are_not_grouped():
     assert find_repeated_blocks(Stack(block=Scaled)) == []
+    model = Stack(block=PrivatelyScaled).eval()
+    assert find_repeated_blocks(model) == []
+    _agree(model, anyshape.optimize(model, _inputs(2, 6)), [(3, 5)])
     model = Stack().eval()
     model.blocks[2].register_forward_hook(lambda m, i, o: o * 2)  # hooks: never grouped
     assert [[n for n, _ in g] for g in find_repeated_blocks(model)] == [

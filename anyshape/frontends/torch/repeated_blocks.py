@@ -191,6 +191,11 @@ def find_repeated_blocks(model: torch.nn.Module) -> list[list[tuple[str, torch.n
     return groups
 
 
+# What every nn.Module keeps in its __dict__ (weights, submodules, hooks: compared apart);
+# anything else, private names included, is the module's own state.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module())) | {"_compiled_call_impl"}
+
+
 def _signature(module: torch.nn.Module):
     """What two blocks must share to trace alike: every submodule's class and state
     (position attributes aside), every weight's name, shape, dtype and requires_grad,
@@ -201,7 +206,7 @@ def _signature(module: torch.nn.Module):
             return None
         state = []
         for key, value in sorted(vars(sub).items()):
-            if key.startswith("_") or key == "training" or key in POSITION_ATTRIBUTES:
+            if key in _MODULE_INTERNALS or key in POSITION_ATTRIBUTES:
                 continue
             if isinstance(value, torch.Tensor):
                 return None  # a tensor attribute outside the state dict: values may differ
