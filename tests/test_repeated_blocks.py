@@ -299,3 +299,35 @@ def test_transformers_trace_one_layer(family):
         with torch.no_grad():
             want = model(**x).last_hidden_state
         torch.testing.assert_close(compiled(**x)["last_hidden_state"], want, rtol=1e-4, atol=1e-5)
+
+
+class Recorded(torch.nn.Module):
+    """Blocks whose inner layers get a recording hook while the model runs (as
+    transformers' output recorders do): every call must reach its hook."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(3))
+        self.seen: list = []
+
+    def forward(self, x, lengths):
+        if not self.blocks[0].out._forward_hooks:
+            for block in self.blocks:
+                block.out.register_forward_hook(lambda m, i, o: self.seen.append(o))
+        self.seen.clear()
+        self.seen.append(None)
+        mask = torch.zeros(x.shape[1], x.shape[1])
+        for block in self.blocks:
+            x = block(x, mask)
+        return x, tuple(self.seen[1:])
+
+
+def test_hooks_installed_while_capturing_reach_every_call():
+    model = Recorded().eval()
+    captured = capture_export(model, _inputs(2, 6))
+    assert captured.stamped == 0
+    x = _inputs(3, 4)
+    with torch.no_grad():
+        got, want = captured.gm(*x), model(*x)
+    assert len(got[1]) == len(want[1]) == 3
+    torch.testing.assert_close(got, want)

@@ -231,6 +231,17 @@ def _comparable(value):
     return ("id", id(value))
 
 
+def _hooked_inside(module: torch.nn.Module) -> bool:
+    """Whether a hook would run inside ``module``'s call: on a submodule, or on every
+    module (torch's global hooks). A copy would skip what such a hook does."""
+    from torch.nn.modules import module as torch_module
+
+    global_hooks = ("_global_forward_hooks", "_global_forward_pre_hooks")
+    if any(getattr(torch_module, name, None) for name in global_hooks):
+        return True
+    return any(_has_hooks(sub) for sub in module.modules() if sub is not module)
+
+
 def _has_hooks(module: torch.nn.Module) -> bool:
     return any(
         getattr(module, name, None)
@@ -274,6 +285,9 @@ def stamping(model: torch.nn.Module):
 def _stamped_forward(group: Group, name: str, module: torch.nn.Module, forward, thread: int):
     def stamped(*args, **kwargs):
         if group.dead or threading.get_ident() != thread:
+            return forward(*args, **kwargs)
+        if _hooked_inside(module):  # (hooks installed while capturing: transformers' recorders)
+            group.dead = group.dead or group.first is None
             return forward(*args, **kwargs)
         flat, spec = pytree.tree_flatten((args, kwargs))
         if not _plain_spec(spec) or not all(
