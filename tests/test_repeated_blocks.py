@@ -331,3 +331,23 @@ def test_hooks_installed_while_capturing_reach_every_call():
         got, want = captured.gm(*x), model(*x)
     assert len(got[1]) == len(want[1]) == 3
     torch.testing.assert_close(got, want)
+
+
+def test_bert_returning_attentions_and_hidden_states_gets_every_layer():
+    """transformers records attentions through hooks on each layer's attention: with
+    them on, every layer is traced, and every layer's attentions come back."""
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        num_hidden_layers=3, output_hidden_states=True, output_attentions=True,
+        attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    g = torch.Generator().manual_seed(3)
+    compiled = anyshape.optimize(model, {"input_ids": torch.randint(0, 50, (2, 8), generator=g)})
+    x = torch.randint(0, 50, (3, 11), generator=g)
+    with torch.no_grad():
+        got, want = compiled(input_ids=x), model(input_ids=x)
+    assert len(got["attentions"]) == len(want.attentions) == 3
+    assert len(got["hidden_states"]) == len(want.hidden_states) == 4
+    torch.testing.assert_close(list(got["attentions"]), list(want.attentions))
+    torch.testing.assert_close(list(got["hidden_states"]), list(want.hidden_states))
