@@ -19,6 +19,7 @@ from torch.nn.modules import module as _nn_module
 from .config import Options
 from .errors import AnyshapeError, CaptureError, InputError
 from .frontends.torch.examples import (
+    agrees_on_random_floats,
     agrees_with_eager,
     flatten_like,
     split_inputs,
@@ -282,47 +283,54 @@ def _compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options)
 
 
 def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):
+    """Capture and compile, checked against eager on the user's example where the capture
+    was widened or copied repeated blocks (``repeated_blocks.py``); counted once."""
     from .frontends.torch.capture import capture_export, needs_widening, widen_example
     from .plugin.compile import compile_graph  # (not needed by a model the cache restores)
 
+    def capture_and_compile(cap_args, cap_kwargs, shapes, repeats: bool):
+        captured = capture_export(
+            model, cap_args, cap_kwargs, shapes, repeats=repeats, check_repeats=False
+        )
+        gm, report = compile_graph(
+            captured.gm,
+            captured.symbol_ranges,
+            options,
+            with_prologue=True,
+            count=False,
+            guards=captured.guards,
+            capture_seconds=captured.seconds,
+        )
+        _note_repeats(report, captured)
+        return gm, report, captured.stamped
+
+    tries = [True, False] if options.trace_repeats else [False]
     if dynamic_shapes is None and needs_widening((args, kwargs)):
+        wide = widen_example(args), widen_example(kwargs)
         try:
-            captured = capture_export(
-                model, widen_example(args), widen_example(kwargs), repeats=options.trace_repeats
-            )
-            gm, report = compile_graph(
-                captured.gm,
-                captured.symbol_ranges,
-                options,
-                with_prologue=True,
-                count=False,
-                guards=captured.guards,
-                capture_seconds=captured.seconds,
-            )
-            _note_repeats(report, captured)
-            if agrees_with_eager(model, gm, args, kwargs):
-                bump("compilations")
-                wide = widen_example(args), widen_example(kwargs)
-                _locate_fallbacks(report, model, *wide, None, options.trace_repeats)
-                return gm, report
+            for repeats in tries:  # (copies that disagree: again with every call traced)
+                gm, report, stamped = capture_and_compile(*wide, None, repeats)
+                if agrees_with_eager(model, gm, args, kwargs) and (
+                    not stamped or agrees_on_random_floats(model, gm, args, kwargs)
+                ):
+                    bump("compilations")
+                    _locate_fallbacks(report, model, *wide, None, repeats)
+                    return gm, report
+                if not stamped:
+                    break
         except AnyshapeError:
             pass
-        report_note = "example dims of size 0/1 kept specialized (widened capture disagreed)"
+        notes = ["example dims of size 0/1 kept specialized (widened capture disagreed)"]
     else:
-        report_note = ""
-    captured = capture_export(model, args, kwargs, dynamic_shapes, repeats=options.trace_repeats)
-    gm, report = compile_graph(
-        captured.gm,
-        captured.symbol_ranges,
-        options,
-        with_prologue=True,
-        guards=captured.guards,
-        capture_seconds=captured.seconds,
-    )
-    _note_repeats(report, captured)
-    if report_note:
-        report.facts.append(report_note)
-    _locate_fallbacks(report, model, args, kwargs, dynamic_shapes, options.trace_repeats)
+        notes = []
+    for repeats in tries:
+        gm, report, stamped = capture_and_compile(args, kwargs, dynamic_shapes, repeats)
+        if not stamped or agrees_on_random_floats(model, gm, args, kwargs):
+            break
+        notes.append("capture: every call of repeated blocks traced (copies disagreed with eager)")
+    bump("compilations")
+    report.facts += notes
+    _locate_fallbacks(report, model, args, kwargs, dynamic_shapes, repeats)
     return gm, report
 
 

@@ -75,3 +75,31 @@ class WrongChannels(torch.nn.Module):
 def test_a_wrong_channel_count_is_a_capture_error_naming_it():
     with pytest.raises(CaptureError, match="batch_norm"):
         capture_export(WrongChannels().eval(), (torch.randn(2, 3, 5, 5),))
+
+
+def test_batch_norm_elsewhere_meanwhile_runs_as_torch_runs_it():
+    """While a capture swaps ``F.batch_norm``, another thread training through a frozen
+    batch norm, and this thread with autograd on, get torch's own (differentiable) op."""
+    import threading
+
+    from anyshape.frontends.torch.traced_forms import opaque_batch_norm
+
+    bn = torch.nn.BatchNorm2d(3).eval()
+    errors = []
+
+    def train():
+        try:
+            x = torch.randn(2, 3, 4, 4, requires_grad=True)
+            bn(x).sum().backward()
+            assert x.grad is not None
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    with opaque_batch_norm():
+        t = threading.Thread(target=train)
+        t.start()
+        t.join()
+        x = torch.randn(2, 3, 4, 4, requires_grad=True)
+        bn(x).sum().backward()
+        assert x.grad is not None
+    assert errors == []

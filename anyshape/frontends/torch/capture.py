@@ -154,11 +154,14 @@ def capture_export(
     *,
     stack_traces: bool = False,
     repeats: bool = True,
+    check_repeats: bool = True,
 ) -> Captured:
     """torch.export + decomposition to core ATen, with actionable errors.
 
     ``repeats``: trace one call of each repeated block and copy it to the others
-    (``repeated_blocks.py``; the ``trace_repeats`` option).
+    (``repeated_blocks.py``; the ``trace_repeats`` option). A capture with copies is
+    compared with the model on the example unless ``check_repeats=False`` (then
+    ``Captured.stamped`` tells the caller to compare what it compiled).
 
     ``stack_traces``: record each node's Python stack (``node.meta["stack_trace"]``),
     which names the model's source line of an op anyshape cannot lower. Recording
@@ -168,7 +171,11 @@ def capture_export(
     """
     start = time.perf_counter()
     with _recording_stack_traces(stack_traces):
-        captured = _stamped_capture(model, args, kwargs, dynamic_shapes) if repeats else None
+        captured = (
+            _stamped_capture(model, args, kwargs, dynamic_shapes, check_repeats)
+            if repeats
+            else None
+        )
         if captured is None:  # nothing repeats, or the stamped program is not the model's
             captured = capture_program(_export(model, args, kwargs, dynamic_shapes), _name(model))
     captured.seconds = time.perf_counter() - start
@@ -179,19 +186,24 @@ def _name(model) -> str:
     return type(model).__name__
 
 
-def _stamped_capture(model, args: tuple, kwargs: dict | None, dynamic_shapes) -> Captured | None:
+def _stamped_capture(
+    model, args: tuple, kwargs: dict | None, dynamic_shapes, check: bool
+) -> Captured | None:
     """The capture with each repeated block traced once (``repeated_blocks.py``); None where
-    no block repeats or the program is not the model's."""
-    from .examples import agrees_with_eager
+    no block repeats or (``check``) the program is not the model's on the example."""
+    from .examples import agrees_on_random_floats
     from .repeated_blocks import stamped_capture
+
+    def agrees(captured: Captured) -> bool:
+        # The same ATen ops as the model ran, so a tight tolerance: a copy that should
+        # have differed (a layer's index steering its ops) differs by far more.
+        return agrees_on_random_floats(model, captured.gm, args, kwargs or {}, 1e-5)
 
     return stamped_capture(
         model,
         lambda: _export(model, args, kwargs, dynamic_shapes),
         lambda ep: capture_program(ep, _name(model)),
-        # The same ATen ops as the model ran, so a tight tolerance: a copy that should
-        # have differed (a layer's index steering its ops) differs by far more.
-        lambda c: agrees_with_eager(model, c.gm, args, kwargs or {}, tolerance=1e-5),
+        agrees if check else None,
     )
 
 

@@ -4,7 +4,8 @@ Part of the torch frontend, shared by plugin mode (``api.optimize``) and
 standalone export: ``split_inputs`` reads ``example_inputs`` (a tuple, a dict,
 one tensor, or ``(args, kwargs)``); ``agrees_with_eager`` runs a compiled graph
 and the model on the user's own example, to decide whether a capture traced
-from widened examples (dims of 0/1 grown to 2) holds for it.
+from widened examples (dims of 0/1 grown to 2) holds for it, or with
+``with_random_floats`` whether one with copied repeated blocks does.
 """
 
 from __future__ import annotations
@@ -50,6 +51,30 @@ def agrees_with_eager(model, gm, args, kwargs, tolerance: float = 1e-3) -> bool:
             if not w.is_floating_point() and not torch.equal(g, w):
                 return False
     return True
+
+
+def with_random_floats(args: tuple, kwargs: dict, seed: int = 0) -> tuple[tuple, dict]:
+    """The example with each floating tensor replaced by seeded normal values of its shape
+    and dtype (other leaves as they are): a comparison of two computations that an
+    example of zeros or ones could not tell apart (a scale on a zero input) tells
+    them apart here."""
+    g = torch.Generator().manual_seed(seed)
+
+    def fresh(v):
+        if isinstance(v, torch.Tensor) and v.is_floating_point():
+            return torch.randn(v.shape, generator=g, dtype=torch.float32).to(v.dtype)
+        return v
+
+    return pytree.tree_map(fresh, (tuple(args), dict(kwargs)))
+
+
+def agrees_on_random_floats(model, gm, args, kwargs, tolerance: float = 1e-3) -> bool:
+    """``agrees_with_eager`` on ``with_random_floats`` of the example; on the example as
+    given where the model itself refuses those values (a float input used as an index)."""
+    try:
+        return agrees_with_eager(model, gm, *with_random_floats(args, kwargs), tolerance)
+    except Exception:  # raised by the model, not the compiled graph (that one is caught)
+        return agrees_with_eager(model, gm, args, kwargs, tolerance)
 
 
 def flatten_like(args, kwargs, spec) -> list | None:

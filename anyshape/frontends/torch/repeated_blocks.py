@@ -14,11 +14,15 @@ call's nodes, rewired to the copy's inputs and weights, and drops the markers:
 the program is the one a full trace gives, node for node.
 
 Blocks alike in class, state, weights' shapes and inputs run the same Python, so
-they trace alike. The one difference let through is a layer's index in its stack
-(``POSITION_ATTRIBUTES``: transformers keep it to address a KV cache); where the
-traced call read it and copies were made from a block at another index, the
-capture runs the spliced program on the example and compares it with the model
-(``capture.py``), and where they disagree it captures again with every call traced.
+they trace alike; the one difference let through is a layer's index in its stack
+(``POSITION_ATTRIBUTES``: transformers keep it to address a KV cache). A copy
+reads only its inputs and its own weights (a first call reading any other tensor,
+a hook inside it, inputs passed twice or written to: traced per call). What no
+comparison of state sees (an index steering ops, a tensor or value left on a shared
+object, a side effect in Python) is why every capture with copies is compared with
+the model on the example: plugin mode compares the compiled model (``api.py``),
+other callers the captured program (``capture.py``); where they disagree the model
+is captured again with every call traced.
 """
 
 from __future__ import annotations
@@ -71,12 +75,6 @@ class Group:
     first_name: str | None = None
     dead: bool = False  # the first call could not be a template: every call is traced
     copies: int = 0
-    reads_position: bool = False  # the first call read a position attribute
-
-    @property
-    def placed(self) -> bool:
-        """Whether the members differ in a position attribute (``POSITION_ATTRIBUTES``)."""
-        return len({_positions(m) for _, m in self.members}) > 1
 
 
 @dataclass
@@ -86,23 +84,6 @@ class Stamping:
     @property
     def copies(self) -> int:
         return sum(g.copies for g in self.groups)
-
-    @property
-    def needs_check(self) -> bool:
-        """Whether a copy was made from a block whose position attributes differ from its
-        own and were read while it was traced: the one difference the signature lets
-        through, so the program must be compared with the model. Blocks with equal state,
-        inputs and code trace alike."""
-        return any(g.copies and g.placed and g.reads_position for g in self.groups)
-
-
-def _positions(module: torch.nn.Module) -> tuple:
-    return tuple(
-        (name, key, value)
-        for name, sub in module.named_modules()
-        for key, value in vars(sub).items()
-        if key in POSITION_ATTRIBUTES
-    )
 
 
 def _register_ops() -> None:
@@ -145,10 +126,11 @@ _EXIT = torch.ops.anyshape.block_exit.default
 _COPY = torch.ops.anyshape.block_copy.default
 
 
-def stamped_capture(model, export, to_captured, agrees):
+def stamped_capture(model, export, to_captured, agrees=None):
     """``to_captured(export())`` with repeated blocks stamped; None where nothing repeats,
-    anything fails, or ``agrees(captured)`` (the program against the model on the
-    example) is false where it needs checking (``Stamping.needs_check``)."""
+    anything fails, or copies were made and ``agrees(captured)`` (the program against
+    the model on the example) is false. ``agrees=None``: the caller compares (plugin
+    mode compares its compiled model, ``api.py``)."""
     if not isinstance(model, torch.nn.Module):
         return None
     try:
@@ -160,7 +142,7 @@ def stamped_capture(model, export, to_captured, agrees):
         captured = to_captured(ep)
     except Exception:  # any failure (a model torch cannot export, too): trace it all
         return None
-    if copies and stamp.needs_check and not agrees(captured):
+    if copies and agrees is not None and not agrees(captured):
         return None
     captured.stamped = copies
     return captured
@@ -296,9 +278,9 @@ def _stamped_forward(group: Group, name: str, module: torch.nn.Module, forward, 
             return _traced(group, forward, args, kwargs)
         if group.first is None:
             return _first_call(group, name, forward, flat, spec)
-        if not _same_call(group.first, flat, spec):
-            return forward(*args, **kwargs)  # traced as usual; the copies of the group go on
         tensors = [x for x in flat if isinstance(x, torch.Tensor)]
+        if not _same_call(group.first, flat, spec) or _repeats_a_tensor(tensors):
+            return forward(*args, **kwargs)  # traced as usual; the copies of the group go on
         weights = [t for _, t in _weights(module)]
         outs = iter(_COPY(tensors, weights, group.gid))
         group.copies += 1
@@ -316,7 +298,7 @@ def _traced(group: Group, forward, args, kwargs):
 
 def _first_call(group: Group, name: str, forward, flat: list, spec):
     tensors = [x for x in flat if isinstance(x, torch.Tensor)]
-    if not tensors:
+    if not tensors or _repeats_a_tensor(tensors):  # (`q is k` would read False inside)
         group.dead = True
         args, kwargs = pytree.tree_unflatten(flat, spec)
         return forward(*args, **kwargs)
@@ -325,8 +307,7 @@ def _first_call(group: Group, name: str, forward, flat: list, spec):
     inner = iter(entered)
     inner = [next(inner) if isinstance(x, torch.Tensor) else x for x in flat]
     args, kwargs = pytree.tree_unflatten(inner, spec)
-    with _watching_positions(dict(group.members)[name], group):
-        out = forward(*args, **kwargs)
+    out = forward(*args, **kwargs)
     out_flat, out_spec = pytree.tree_flatten(out)
     out_tensors = [x for x in out_flat if isinstance(x, torch.Tensor)]
     ok = (
@@ -350,38 +331,8 @@ def _first_call(group: Group, name: str, forward, flat: list, spec):
     return pytree.tree_unflatten(out_flat, out_spec)
 
 
-@contextlib.contextmanager
-def _watching_positions(module: torch.nn.Module, group: Group):
-    """While ``module`` runs, a read of a position attribute of it or its submodules sets
-    ``group.reads_position`` (each such submodule's class swapped for a subclass with a
-    property per attribute; transformers read ``layer_idx`` only with a KV cache, or to
-    scale attention by ``1 / (layer_idx + 1)``)."""
-    swapped = []
-    for _, sub in module.named_modules():
-        keys = [k for k in vars(sub) if k in POSITION_ATTRIBUTES]
-        if keys:
-            swapped.append((sub, type(sub)))
-            sub.__class__ = _watched_class(type(sub), tuple(keys), group)
-    try:
-        yield
-    finally:
-        for sub, cls in reversed(swapped):
-            sub.__class__ = cls
-
-
-def _watched_class(cls: type, keys: tuple[str, ...], group: Group) -> type:
-    def watched(key: str) -> property:
-        def read(self):
-            group.reads_position = True
-            return self.__dict__[key]
-
-        def write(self, value):
-            self.__dict__[key] = value
-
-        return property(read, write)
-
-    body = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
-    return type(cls.__name__, (cls,), body | {k: watched(k) for k in keys})
+def _repeats_a_tensor(tensors: list) -> bool:
+    return len({id(t) for t in tensors}) < len(tensors)
 
 
 def _plain_spec(spec: pytree.TreeSpec) -> bool:
@@ -471,9 +422,7 @@ def splice(ep, stamp: Stamping, model: torch.nn.Module) -> int:
     """Replace every ``block_copy`` in ``ep``'s graph by its group's first call's nodes and
     drop the markers; the number of copies spliced."""
     graph = ep.graph
-    fqns = _weight_fqns(ep)
-    by_fqn = {fqns[n.name]: n for n in graph.nodes if n.op == "placeholder" and n.name in fqns}
-    names = {id(t): n for n, t in _all_weights(model)}
+    holders = _weight_holders(ep, model)
     regions = _regions(graph)
     spliced = 0
     for node in list(graph.nodes):
@@ -485,10 +434,11 @@ def splice(ep, stamp: Stamping, model: torch.nn.Module) -> int:
         template = dict(group.members)[group.first_name]
         env: dict[fx.Node, object] = {item: xs[k] for item, k in _items(enter).items()}
         for (_, t), w in zip(_weights(template), weights):
-            placeholder = by_fqn.get(names.get(id(t)))
-            if placeholder is not None:
+            for placeholder in holders.get(id(t), ()):
+                if env.setdefault(placeholder, w) is not w:  # tied in the first, not here
+                    raise Unstampable(f"{placeholder.name} is two weights of a copy")
                 env[placeholder] = w
-        _check_weights_mapped(group.first_name, body, env, fqns)
+        _check_closed(gid, body, env)
         _copy_nodes(graph, body, env, before=node)
         results = [env.get(a, a) for a in exit_.args[0]]
         for user in list(node.users):
@@ -528,25 +478,25 @@ def _regions(graph: fx.Graph) -> dict[int, tuple[fx.Node, fx.Node, list[fx.Node]
         elif n.op == "call_function" and n.target is _EXIT and n.args[1] in open_:
             enter, body = open_.pop(n.args[1])
             items = _items(enter)
-            body = [b for b in body if b not in items]
-            _check_closed(n.args[1], items, body)
-            out[n.args[1]] = (enter, n, body)
+            out[n.args[1]] = (enter, n, [b for b in body if b not in items])
         else:
             for _, body in open_.values():
                 body.append(n)
     return out
 
 
-def _check_closed(gid: int, items, body: list[fx.Node]) -> None:
-    """Whether every tensor the region reads is its input, a placeholder (weight, constant,
-    model input: the same for every copy, or mapped to the copy's) or its own node."""
-    inside = set(body) | set(items)
+def _check_closed(gid: int, body: list[fx.Node], env: dict) -> None:
+    """Whether the first call's nodes read nothing but its inputs, its own weights (both
+    replaced by the copy's in ``env``), its own nodes and sizes. A placeholder or tensor
+    from elsewhere (a parent's weight or a model input left on a shared object) could
+    be another one for each call."""
+    inside = set(body)
     for n in body:
         for a in n.all_input_nodes:
-            if a in inside or a.op == "placeholder":
+            if a in inside or a in env:
                 continue
-            if isinstance(a.meta.get("val"), torch.Tensor):
-                raise Unstampable(f"block {gid} reads {a.name}, made outside it")
+            if a.op == "placeholder" or isinstance(a.meta.get("val"), torch.Tensor):
+                raise Unstampable(f"block {gid} reads {a.name}, not its input or own weight")
 
 
 def _items(marker: fx.Node) -> dict[fx.Node, int]:
@@ -554,20 +504,19 @@ def _items(marker: fx.Node) -> dict[fx.Node, int]:
     return {u: u.args[1] for u in marker.users}
 
 
-def _weight_fqns(ep) -> dict[str, str]:
-    """Placeholder name -> the qualified name of the parameter or buffer it holds."""
+def _weight_holders(ep, model: torch.nn.Module) -> dict[int, list[fx.Node]]:
+    """Each weight tensor (by identity) -> the placeholders that hold it: torch gives a
+    weight tied under several names one placeholder per name, and a block's nodes may
+    read any of them."""
     sig = ep.graph_signature
-    return {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
-
-
-def _check_weights_mapped(first_name: str, body, env, fqns: dict[str, str]) -> None:
-    """Every weight of the first call its nodes read is replaced by the copy's."""
-    prefix = f"{first_name}."
-    for n in body:
-        for a in n.all_input_nodes:
-            if a.op == "placeholder" and a not in env and fqns.get(a.name, "").startswith(prefix):
-                raise Unstampable(f"{fqns[a.name]} has no counterpart in a copy")
-
-
-def _all_weights(model: torch.nn.Module):
-    return itertools.chain(model.named_parameters(), model.named_buffers())
+    fqns = {**sig.inputs_to_parameters, **sig.inputs_to_buffers}
+    out: dict[int, list[fx.Node]] = {}
+    for n in ep.graph.nodes:
+        if n.op == "placeholder" and n.name in fqns:
+            name = fqns[n.name]
+            try:
+                t = model.get_parameter(name)
+            except AttributeError:
+                t = model.get_buffer(name)
+            out.setdefault(id(t), []).append(n)
+    return out

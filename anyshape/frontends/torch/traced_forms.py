@@ -15,6 +15,7 @@ Part of capture (``capture.py``), around ``torch.export``:
 from __future__ import annotations
 
 import contextlib
+import threading
 
 import torch
 
@@ -62,20 +63,26 @@ def traced_forms(opaque: bool = True):
 @contextlib.contextmanager
 def opaque_batch_norm():
     """``F.batch_norm`` in eval mode with running statistics as ``anyshape::batch_norm_eval``
-    while the body runs (training mode, or statistics of the batch, as torch traces it).
-    A call from another thread meanwhile gets the same result through the op."""
+    while the body runs, on this thread, without autograd (anything else as torch
+    traces it)."""
     import torch.nn.functional as F
 
     original = F.batch_norm
+    thread = threading.get_ident()  # (another thread meanwhile runs batch norm as is)
 
     def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
                    momentum=0.1, eps=1e-5):  # fmt: skip
         plain = (
             not training
+            and threading.get_ident() == thread
+            and not torch.is_grad_enabled()  # (the op has no derivative)
+            and momentum is not None
             and isinstance(input, torch.Tensor)
             and isinstance(running_mean, torch.Tensor)
             and isinstance(running_var, torch.Tensor)
-            and not torch.overrides.has_torch_function_variadic(input, running_mean, weight)
+            and not torch.overrides.has_torch_function_variadic(
+                input, running_mean, running_var, weight, bias
+            )
         )
         if not plain:
             return original(input, running_mean, running_var, weight, bias, training, momentum,
