@@ -464,3 +464,37 @@ def test_a_tensor_passed_twice_keeps_its_identity():
     x = _inputs(3, 4)
     with torch.no_grad():
         torch.testing.assert_close(captured.gm(*x), model(*x), rtol=0, atol=0)
+
+
+class Counting(torch.nn.Module):
+    """A block returning how many of its inputs are positive: a size made up inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y, torch.nonzero(y > 0).shape[0]
+
+
+class Counts(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Counting() for _ in range(3))
+
+    def forward(self, x, lengths):
+        counts = []
+        for block in self.blocks:
+            x, n = block(x)
+            counts.append(n)
+        return x, torch.tensor(counts)
+
+
+def test_a_size_made_up_inside_a_block_is_not_copied():
+    model = Counts().eval()
+    captured = capture_export(model, _inputs(2, 5), check_repeats=False)  # (no safety net)
+    assert captured.stamped == 0
+    x = _inputs(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(captured.gm(*x), model(*x))

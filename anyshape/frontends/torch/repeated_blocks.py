@@ -313,7 +313,7 @@ def _first_call(group: Group, name: str, forward, flat: list, spec):
     ok = (
         versions == [t._version for t in entered]  # a block writing to its inputs: no
         and all(isinstance(x, torch.Tensor) or isinstance(x, _PLAIN) for x in out_flat)
-        and _sizes_from(out_tensors, tensors)
+        and _sizes_from(out_flat, flat)
     )
     if not ok:
         group.dead = True
@@ -393,18 +393,21 @@ def _size_key(s):
     return int(expr) if expr.is_number else ("sym", expr)
 
 
-def _free_symbols(tensors) -> set:
+def _free_symbols(leaves) -> set:
+    """The size symbols in tensors' shapes and strides, and in SymInt leaves."""
     out = set()
-    for t in tensors:
-        for s in itertools.chain(t.shape, t.stride()):
+    for v in leaves:
+        sizes = itertools.chain(v.shape, v.stride()) if isinstance(v, torch.Tensor) else (v,)
+        for s in sizes:
             if isinstance(s, torch.SymInt):
                 out |= s.node.expr.free_symbols
     return out
 
 
 def _sizes_from(outputs, inputs) -> bool:
-    """Whether the outputs' sizes are expressions of the inputs' alone (not of a size a
-    data-dependent op made up inside the block, which each copy would have its own of)."""
+    """Whether the outputs' sizes (and sizes returned as numbers) are expressions of the
+    inputs' alone, not of a size a data-dependent op made up inside the block, which each
+    copy would have its own of."""
     return _free_symbols(outputs) <= _free_symbols(inputs)
 
 
