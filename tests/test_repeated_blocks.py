@@ -55,6 +55,14 @@ def _inputs(b: int, s: int):
     return torch.randn(b, s, 16, generator=g), torch.randint(1, max(2, s + 1), (b,), generator=g)
 
 
+def _program_agrees(captured, model, shape=(3, 4), exact: bool = False) -> None:
+    """The captured program against the model at another shape than the example's."""
+    x = _inputs(*shape)
+    tol = {"rtol": 0, "atol": 0} if exact else {}
+    with torch.no_grad():
+        torch.testing.assert_close(captured.gm(*x), model(*x), **tol)
+
+
 def _ops(gm) -> Counter:
     gm.graph.eliminate_dead_code()
     return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
@@ -149,9 +157,7 @@ def test_a_block_writing_to_its_input_is_traced_per_call():
     model = Residual().eval()
     captured = capture_export(model, _inputs(2, 6))
     assert captured.stamped == 0
-    x = _inputs(3, 4)
-    with torch.no_grad():
-        torch.testing.assert_close(captured.gm(*x), model(*x))
+    _program_agrees(captured, model)
 
 
 class Scaled(Block):
@@ -216,9 +222,7 @@ def test_a_block_reading_a_tensor_made_outside_its_inputs_is_traced_per_call():
     assert len(find_repeated_blocks(model)) == 1
     captured = capture_export(model, _inputs(2, 6))
     assert captured.stamped == 0
-    x = _inputs(3, 5)
-    with torch.no_grad():
-        torch.testing.assert_close(captured.gm(*x), model(*x))
+    _program_agrees(captured, model, (3, 5))
 
 
 class Pyramid(torch.nn.Module):
@@ -396,9 +400,7 @@ def test_tied_weights_are_read_where_they_are(tie):
     torch.manual_seed(0)
     model = Pairs(tie).eval()
     captured = capture_export(model, _inputs(2, 5))
-    x = _inputs(3, 4)
-    with torch.no_grad():
-        torch.testing.assert_close(captured.gm(*x), model(*x), rtol=0, atol=0)
+    _program_agrees(captured, model, exact=True)
     _agree(model, anyshape.optimize(model, _inputs(2, 5)), [(1, 1), (3, 4)])
 
 
@@ -461,9 +463,7 @@ class SameTwice(torch.nn.Module):
 def test_a_tensor_passed_twice_keeps_its_identity():
     model = SameTwice().eval()
     captured = capture_export(model, _inputs(2, 5))
-    x = _inputs(3, 4)
-    with torch.no_grad():
-        torch.testing.assert_close(captured.gm(*x), model(*x), rtol=0, atol=0)
+    _program_agrees(captured, model, exact=True)
 
 
 class Counting(torch.nn.Module):
@@ -495,6 +495,4 @@ def test_a_size_made_up_inside_a_block_is_not_copied():
     model = Counts().eval()
     captured = capture_export(model, _inputs(2, 5), check_repeats=False)  # (no safety net)
     assert captured.stamped == 0
-    x = _inputs(3, 4)
-    with torch.no_grad():
-        torch.testing.assert_close(captured.gm(*x), model(*x))
+    _program_agrees(captured, model)

@@ -283,9 +283,13 @@ def capture_program(ep, name: str = "the program", decompose: bool | None = None
     the ops as exported (``linear``, ``layer_norm``, ``gelu``, ``embedding``,
     ``scaled_dot_product_attention``) are the ones anyshape fuses best anyway.
     """
-    if decompose is None and rewrite_fresh_writes(ep.graph):
-        ep.graph_module.recompile()
+    rewritten = decompose is None and rewrite_fresh_writes(ep.graph)
     decomposed = not lowers_as_exported(ep.graph) if decompose is None else decompose
+    if rewritten or decomposed:
+        # The graph's Python, for a program decomposed (torch runs it) or the caller's
+        # own; ``ep.module()`` generates its own from the graph. The capture's edits
+        # (markers, copies, batch norm restored) are not regenerated before this.
+        ep.graph_module.recompile()
     if decomposed:
         ep = _decompose(ep, name)
     ranges = {}

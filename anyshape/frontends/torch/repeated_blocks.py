@@ -89,21 +89,17 @@ class Stamping:
 def _register_ops() -> None:
     lib = "anyshape"
 
-    @torch.library.custom_op(f"{lib}::block_enter", mutates_args=())
-    def block_enter(xs: list[torch.Tensor], gid: int) -> list[torch.Tensor]:
-        return [x.clone() for x in xs]
+    def marker(name: str) -> None:
+        """An op returning copies of its tensors: where a first call begins or ends."""
 
-    @block_enter.register_fake
-    def _(xs, gid):
-        return [torch.empty_like(x) for x in xs]
+        @torch.library.custom_op(f"{lib}::{name}", mutates_args=())
+        def op(xs: list[torch.Tensor], gid: int) -> list[torch.Tensor]:
+            return [x.clone() for x in xs]
 
-    @torch.library.custom_op(f"{lib}::block_exit", mutates_args=())
-    def block_exit(xs: list[torch.Tensor], gid: int) -> list[torch.Tensor]:
-        return [x.clone() for x in xs]
+        op.register_fake(lambda xs, gid: [torch.empty_like(x) for x in xs])
 
-    @block_exit.register_fake
-    def _(xs, gid):
-        return [torch.empty_like(x) for x in xs]
+    marker("block_enter")
+    marker("block_exit")
 
     @torch.library.custom_op(f"{lib}::block_copy", mutates_args=())
     def block_copy(
@@ -440,7 +436,6 @@ def splice(ep, stamp: Stamping, model: torch.nn.Module) -> int:
             for placeholder in holders.get(id(t), ()):
                 if env.setdefault(placeholder, w) is not w:  # tied in the first, not here
                     raise Unstampable(f"{placeholder.name} is two weights of a copy")
-                env[placeholder] = w
         _check_closed(gid, body, env)
         _copy_nodes(graph, body, env, before=node)
         results = [env.get(a, a) for a in exit_.args[0]]
@@ -455,8 +450,7 @@ def splice(ep, stamp: Stamping, model: torch.nn.Module) -> int:
             user.replace_all_uses_with(marker.args[0][user.args[1]])
             graph.erase_node(user)
         graph.erase_node(marker)
-    graph.eliminate_dead_code()
-    ep.graph_module.recompile()
+    graph.eliminate_dead_code()  # (its Python is generated where it runs: capture_program)
     return spliced
 
 

@@ -101,16 +101,13 @@ def opaque_batch_norm():
 
 def restore_traced_forms(ep) -> None:
     """Each ``anyshape::batch_norm_eval`` of ``ep``'s graph as the ``aten.batch_norm`` node
-    torch records for the call (its metadata kept)."""
-    changed = False
+    torch records for the call (its metadata kept; the graph's Python is generated where
+    it runs, ``capture_program``)."""
     for n in ep.graph.nodes:
         if n.op == "call_function" and n.target is _BATCH_NORM_EVAL:
             x, weight, bias, mean, var, momentum, eps, cudnn = n.args
             n.target = torch.ops.aten.batch_norm.default
             n.args = (x, weight, bias, mean, var, False, momentum, eps, cudnn)
-            changed = True
-    if changed:
-        ep.graph_module.recompile()
 
 
 @contextlib.contextmanager
