@@ -68,6 +68,21 @@ def test_equal_expressions_map_to_their_symbol():
 # --- bounds --------------------------------------------------------------------------
 
 
+def test_an_equated_compound_term_is_rewritten_inside_other_terms():
+    # torch sized a view 16 // (s // 2) at an example where s // 2 == 1, and guarded that.
+    s = ConstraintStore()
+    half = floordiv(S0, 2)
+    assert not s.prove_eq(16 * S1, S1 * floordiv(SymExpr.const(16), half))
+    s.add_guard(Guard("eq", half, SymExpr.const(1), "torch.export guard"))
+    assert [str(g) for g in s.guards] == ["floordiv(s0, 2) == 1"]
+    assert s.prove_eq(16 * S1, S1 * floordiv(SymExpr.const(16), half))
+    assert s.canonical(half * S1 + mod(half + 3, 2)) == S1
+    assert not s.prove_eq(S0, 2)  # s0 is 2 or 3: nothing more follows
+    other = ConstraintStore()
+    other.add_guard(Guard("le", half, SymExpr.const(1), "an inequality is no fact"))
+    assert not other.prove_eq(half, 1)
+
+
 def test_bounds_of_polynomials():
     s = store_with(s0=(2, 10), s1=(0, 3))
     assert s.bounds(2 * S0 - S1 + 1) == (2, 21)
@@ -242,6 +257,7 @@ FACTS = {
     "s2 == 3": lambda v: v["s2"] == 3,
     "s0*s1 == 2*s2": lambda v: v["s0"] * v["s1"] == 2 * v["s2"],
     "s1 % 2": lambda v: v["s1"] % 2 == 0,
+    "s0 // 2 == 1": lambda v: v["s0"] // 2 == 1,
 }
 
 
@@ -254,6 +270,8 @@ def _record(store: ConstraintStore, fact: str) -> None:
         store.add_equal(S2, 3)
     elif fact == "s0*s1 == 2*s2":
         store.add_product_equal([S0, S1], [2, S2])
+    elif fact == "s0 // 2 == 1":
+        store.add_guard(Guard("eq", floordiv(S0, 2), SymExpr.const(1), "a checked guard"))
     else:
         store.add_divisible("s1", 2)
 

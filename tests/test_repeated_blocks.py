@@ -9,6 +9,7 @@ inputs) is traced as usual and the answers stay right.
 from __future__ import annotations
 
 import types
+import warnings
 from collections import Counter
 
 import pytest
@@ -248,6 +249,24 @@ def test_calls_on_other_shapes_are_traced_and_the_rest_copied():
     assert captured.stamped == 1  # blocks[2] as blocks[0]; blocks[1] and [3] traced
     compiled = anyshape.optimize(model, _inputs(2, 8))
     _agree(model, compiled, [(1, 4), (3, 9), (2, 30)])  # (torch guards s // 2 >= 2)
+
+
+def test_shapes_past_a_guard_compile_a_variant_that_agrees_without_a_warning():
+    # s // 2 == 1 fails torch's guard 2 <= s // 2: a guard variant compiles, with copies.
+    model = Pyramid().eval()
+    compiled = anyshape.optimize(model, _inputs(2, 8), model_cache=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # a variant that fell back to PyTorch would warn
+        _agree(model, compiled, [(2, 2), (3, 3), (1, 1), (2, 0)])
+    assert not [str(w.message) for w in caught if "anyshape" in str(w.message)]
+    assert "guard variant 1: compiled again" in str(compiled.explain())
+    # torch asked s // 2 == 1 for a contiguity check (a layout decision) and again for
+    # expand (a size decision): the capture at s = 2 keeps it, and checks it per call
+    guards = capture_export(model, _inputs(2, 2), check_repeats=False).guards
+    assert any(
+        g.op == "eq" and str(g).startswith("floordiv(") and str(g).endswith(", 2) == 1")
+        for g in guards
+    ), guards
 
 
 def test_the_option_turns_it_off():

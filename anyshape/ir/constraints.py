@@ -59,6 +59,7 @@ class ConstraintStore:
         self.product_eqs: list[tuple[tuple[SymExpr, ...], tuple[SymExpr, ...]]] = []
         self.guards: list[Guard] = []
         self.hints: dict[str, int] = {}
+        self._constant_compounds = False  # whether a compound term was equated to a constant
 
     # --- recording facts ---------------------------------------------------
     def add_symbol(self, name: str, lo: int = 0, hi: int | None = None, hint: int | None = None):
@@ -91,6 +92,8 @@ class ConstraintStore:
                     self.add_symbol(e.symbol_name, v, v)
         self._parent[drop] = keep
         self._parent.setdefault(keep, keep)
+        if keep.is_constant and drop.has_compound:
+            self._constant_compounds = True
 
     def add_product_equal(self, a: Iterable, b: Iterable) -> None:
         a, b = tuple(as_expr(x) for x in a), tuple(as_expr(x) for x in b)
@@ -109,14 +112,26 @@ class ConstraintStore:
         return root
 
     def canonical(self, e) -> SymExpr:
-        """Rewrite ``e`` with each symbol's equality class representative."""
+        """Rewrite ``e`` with each symbol's equality class representative, and each
+        compound term equated to a constant by that constant (a guard
+        ``floordiv(s, 2) == 1``)."""
         e = self._find(as_expr(e))
         mapping = {}
         for s in e.free_symbols:
             rep = self._find(SymExpr.symbol(s))
             if rep != SymExpr.symbol(s):
                 mapping[s] = rep
-        return self._find(e.subs(mapping)) if mapping else e
+        if mapping:
+            e = self._find(e.subs(mapping))
+        if self._constant_compounds and e.has_compound:
+            e = self._find(e.map_compounds(self._constant_of))
+        return e
+
+    def _constant_of(self, e: SymExpr) -> SymExpr:
+        """``e``'s representative where that is a constant, else ``e`` (a compound term
+        equated to a symbol stays as written: proofs over products name it so)."""
+        rep = self._find(e)
+        return rep if rep.is_constant else e
 
     # --- bounds ------------------------------------------------------------
     def bounds(self, e) -> tuple[int | None, int | None]:
@@ -221,6 +236,18 @@ class ConstraintStore:
         if a.is_symbol and as_expr(b).is_constant:
             self.add_symbol(a.symbol_name, hi=as_expr(b).constant_value)
         return True
+
+    def add_guard(self, guard: Guard) -> None:
+        """Record a guard the prologue checks before anything runs. One that equates a
+        compound term with a constant (``floordiv(s, 2) == 1``) is then a fact too, which
+        ``canonical`` applies inside other terms (other equalities stay guards only, as
+        before: a product proof names their terms as written)."""
+        self.guards.append(guard)
+        lhs, rhs = as_expr(guard.lhs), as_expr(guard.rhs)
+        if guard.op == "eq" and (
+            (lhs.has_compound and rhs.is_constant) or (rhs.has_compound and lhs.is_constant)
+        ):
+            self.add_equal(lhs, rhs)
 
     # --- hint --------------------------------------------------------------
     def hint(self, e) -> int | None:

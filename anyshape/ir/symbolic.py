@@ -159,6 +159,30 @@ class SymExpr:
             total = total + v
         return total
 
+    @property
+    def has_compound(self) -> bool:
+        """Whether any atom is a compound term (floordiv, mod, max, min)."""
+        return any(not isinstance(a, str) for m, _ in self.terms for a, _ in m)
+
+    def map_compounds(self, fn) -> SymExpr:
+        """Each compound atom rebuilt from its arguments (mapped first, innermost out) and
+        replaced by ``fn`` of it, re-canonicalizing: ``floordiv(16, floordiv(s, 2))``
+        with ``fn`` mapping ``floordiv(s, 2)`` to 1 becomes 16."""
+        if not self.has_compound:
+            return self
+        total = ZERO
+        for m, c in self.terms:
+            v = SymExpr.const(c)
+            for a, p in m:
+                if isinstance(a, str):
+                    base = SymExpr.symbol(a)
+                else:
+                    base = fn(_build_compound(a.kind, [x.map_compounds(fn) for x in a.args]))
+                for _ in range(p):
+                    v = v * base
+            total = total + v
+        return total
+
     # --- arithmetic --------------------------------------------------------
     def __add__(self, other) -> SymExpr:
         other = as_expr(other)

@@ -49,7 +49,9 @@ def _add_guards(graph, guards) -> None:
     """Guards over symbols the cluster's own inputs carry, checked again in its prologue.
 
     Harmless where the model prologue already ran, and what lets a whole-model
-    cluster be called without it (``plugin/direct.py``).
+    cluster be called without it (``plugin/direct.py``). Checked before any kernel
+    runs, an equality guard is a fact for the passes (``add_guard``): a size torch
+    wrote as ``16 // (s // 2)`` at an example where ``s // 2 == 1`` is 16.
     """
     bound = set()
     for n in graph.inputs:
@@ -59,7 +61,7 @@ def _add_guards(graph, guards) -> None:
     known = {str(g) for g in graph.constraints.guards}
     for g in guards:
         if (g.lhs.free_symbols | g.rhs.free_symbols) <= bound and str(g) not in known:
-            graph.constraints.guards.append(g)
+            graph.constraints.add_guard(g)
 
 
 def _cluster_fallbacks(nodes: list[fx.Node], reason: str) -> list[Fallback]:

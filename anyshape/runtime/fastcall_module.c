@@ -1,5 +1,11 @@
 /* anyshape runtime: the fast-call extension's module definition (built last,
- * after fastcall.c, plugin/torchcall.c and plugin/modulecall.c; see runtime/fastcall.py). */
+ * after fastcall.c, plugin/torchcall.c and plugin/modulecall.c; see runtime/fastcall.py).
+ * ``source_digest`` names the sources it was built from, so a module installed with the
+ * package is used only while those sources are unchanged. */
+
+#ifndef ANYSHAPE_FASTCALL_DIGEST
+#define ANYSHAPE_FASTCALL_DIGEST ""
+#endif
 
 static PyMethodDef methods[] = {
     {"call", call, METH_VARARGS, "Run one compiled graph on NumPy arrays."},
@@ -13,7 +19,8 @@ PyMODINIT_FUNC PyInit__anyshape_fastcall(void) {
   if (PyType_Ready(&TorchCallType) < 0 || PyType_Ready(&ModuleCallType) < 0) return NULL;
   PyObject* m = PyModule_Create(&module);
   if (!m) return NULL;
-  if (PyModule_AddType(m, &TorchCallType) < 0 || PyModule_AddType(m, &ModuleCallType) < 0) {
+  if (PyModule_AddType(m, &TorchCallType) < 0 || PyModule_AddType(m, &ModuleCallType) < 0 ||
+      PyModule_AddStringConstant(m, "source_digest", ANYSHAPE_FASTCALL_DIGEST) < 0) {
     Py_DECREF(m);
     return NULL;
   }

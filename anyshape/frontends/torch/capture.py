@@ -435,13 +435,18 @@ def export_guards(ep, exact_pools: bool = False) -> list[Guard]:
     if env is None:
         return []
     # (run_decompositions traces again and records the same guards without their torch
-    # function, so a guard restating a classified one is classified with it)
+    # function, so a guard restating a classified one is classified with it; a guard
+    # with its own function is classified by it: ``s // 2 == 1`` asked by a contiguity
+    # check and again by ``expand`` is a layout decision once and a size decision once)
     exact = {g.expr for g in env.guards if exact_pools and _pool_size(g)}
     sized = {g.expr for g in env.guards if _framework_function(g) in _SIZE_DECISIONS} - exact
     layout = {g.expr for g in env.guards if _layout_only(g)} | exact
     out: list[Guard] = []
     for g in env.guards:
-        if g.expr in layout - sized:
+        restated = _framework_function(g) is None
+        if g.expr not in sized and (
+            _layout_only(g) or g.expr in exact or (restated and g.expr in layout)
+        ):
             continue
         expr = g.expr.xreplace(env.replacements)
         if expr in (sympy.true, sympy.false) or not isinstance(

@@ -339,7 +339,8 @@ def lower_cluster(
     builder = GraphBuilder(name=name)
     for sym, (lo, hi) in (symbol_ranges or {}).items():
         builder.constraints.add_symbol(sym, lo, hi)
-    builder.constraints.guards.extend(guards)
+    for g in guards:
+        builder.constraints.add_guard(g)
     ctx = LowerCtx(builder)
     env: dict = {}
     used_inputs: list[fx.Node] = []
