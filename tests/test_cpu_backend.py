@@ -38,7 +38,8 @@ KERNEL = re.compile(
 )
 # The host function, after every kernel, and each kernel call in it.
 MAIN = re.compile(r"^int anyshape_main\(", re.M)
-KERNEL_CALL = re.compile(r"int e = (\w+)\(P, D\);")
+KERNEL_CALL = re.compile(r"as_run_site\((\w+), \d+, P, D\)")
+SITE_OPS = re.compile(r"as_site_ops\[\] = \{(.*)\};")
 
 
 def _cluster_source(opt) -> str:
@@ -54,13 +55,8 @@ def test_repeated_layers_emit_each_kernel_once_and_gemm_folds_the_transpose():
     assert len(kernels) < len(calls), "identical kernels of repeated layers are emitted once"
     Checker(src).check_count(KERNEL, len(kernels)).check(MAIN).check_count(KERNEL_CALL, len(calls))
     # x @ W.T goes to BLAS with the transpose folded into the call, never copied.
-    (
-        Checker(src)
-        .check_count('"%s in transpose"', 0)
-        .check(KERNEL)
-        .check("as_gemm_batch<float>(CblasNoTrans, CblasTrans")
-        .check(MAIN)
-    )
+    assert '"transpose"' not in SITE_OPS.search(src).group(1)
+    (Checker(src).check(KERNEL).check("as_gemm_batch<float>(CblasNoTrans, CblasTrans").check(MAIN))
 
 
 def test_stream_of_shapes_one_library_no_rebuild_and_workspace_growth():
@@ -263,8 +259,8 @@ def test_profile_reports_every_kernel_call_site():
 def test_kernel_error_is_an_exception_not_a_crash():
     emb = torch.nn.Embedding(10, 4)
     opt = anyshape.optimize(Unary(emb).eval(), (torch.tensor([[1, 2]]),), backend="cpu")
-    with pytest.raises(RuntimeError, match="index is out of range"):
-        opt(torch.tensor([[3, 12]]))
+    with pytest.raises(RuntimeError, match=r"index is out of range .* in gather$"):
+        opt(torch.tensor([[3, 12]]))  # (the message names the call site's op)
     torch.testing.assert_close(opt(torch.tensor([[3, 9]])), emb(torch.tensor([[3, 9]])))
 
 
@@ -313,9 +309,10 @@ class Head(torch.nn.Module):
 def test_output_reshape_hands_out_the_gemm_buffer_and_constant_pow_is_a_product():
     model = Head().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, 16),), backend="cpu")
+    src = _cluster_source(opt)
+    assert '"reshape"' not in SITE_OPS.search(src).group(1)  # no copy kernel for the reshape
     (
-        Checker(_cluster_source(opt))
-        .check_count('"%s in reshape"', 0)  # no copy kernel for the output reshape
+        Checker(src)
         .check(KERNEL)
         .check_not("as_pow")  # x ** 3 multiplies
         .end()

@@ -136,6 +136,19 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         "  as_prof_calls[site] += 1;",
         "}",
         f'extern "C" int64_t anyshape_num_sites() {{ return {len(kernels)}; }}',
+        # One call site's kernel, timed while profiling: a call here per site keeps the
+        # host function short (it is compiled at -O0; a kernel call costs microseconds).
+        "typedef int (*AsKernelFn)(void* const* P, const int64_t* D);",
+        "static int as_run_site(AsKernelFn k, int site, void* const* P, const int64_t* D) {",
+        "  const double t0 = as_prof_on ? omp_get_wtime() : 0;",
+        "  const int e = k(P, D);",
+        "  if (as_prof_on) as_prof_add(site, omp_get_wtime() - t0);",
+        "  return e;",
+        "}",
+        "static const char* const as_site_ops[] = {"
+        + ", ".join(f'"{k.root.op}"' for k in kernels)
+        + (", " if kernels else "")
+        + "nullptr};",
         'extern "C" void anyshape_profile_read(double* seconds, int64_t* calls) {',
         f"  for (int k = 0; k < {len(kernels)}; ++k) {{ seconds[k] = as_prof_seconds[k]; "
         "calls[k] = as_prof_calls[k]; as_prof_seconds[k] = 0; as_prof_calls[k] = 0; }",
@@ -188,16 +201,16 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
             f'if ({checks}) {{ {free_all} snprintf(err, errlen, "out of memory for the '
             f'outputs"); return 2; }}'
         )
+    dims = _site_dims(kernels)
+    body += [f"const int64_t {name} = {c_int(d)};" for d, name in dims.items()]
+    body.append("int e = 0, site = 0;")
     for site, k in enumerate(kernels):
         ptrs = ", ".join(f"b{p}" for p in k.ptrs)
-        ints = ", ".join(c_int(d) for d in k.ints) or "0"
+        ints = ", ".join(dims.get(as_dim(d)) or c_int(d) for d in k.ints) or "0"
         body.append(f"{{ void* const P[] = {{{ptrs}}}; const int64_t D[] = {{{ints}}};")
-        body.append("  const double t0 = as_prof_on ? omp_get_wtime() : 0;")
-        body.append(f"  int e = {names[k.body]}(P, D);")
-        body.append(f"  if (as_prof_on) as_prof_add({site}, omp_get_wtime() - t0);")
         body.append(
-            f'  if (e) {{ {free_all} snprintf(err, errlen, "%s in {k.root.op}", '
-            f"as_kernel_error(e)); return 2; }} }}"
+            f"  if ((e = as_run_site({names[k.body]}, {site}, P, D))) {{ site = {site}; "
+            "goto failed; } }"
         )
     for slot, o in enumerate(out_nodes):
         b = buffer_of[id(o)]
@@ -205,8 +218,27 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
         for d, dim in enumerate(o.shape):
             body.append(f"out[{slot}].shape[{d}] = {c_int(dim)};")
     body.append("return 0;")
+    body.append("failed:")  # (every declaration is above the first jump here)
+    body.append(
+        f'{free_all} snprintf(err, errlen, "%s in %s", as_kernel_error(e), as_site_ops[site]);'
+    )
+    body.append("return 2;")
     out += ["  " + ln for ln in body] + ["}"]
     return out, slots
+
+
+def _site_dims(kernels: list[Kernel]) -> dict:
+    """Each size the call sites pass that is more than a symbol or a number, named once
+    (``Z0``, ``Z1``...) in order of first use: computed once per call, and a shorter
+    host function to compile (ResNet-50 passes ``floordiv(s + 31, 32)`` to dozens)."""
+    named: dict = {}
+    for k in kernels:
+        for d in k.ints:
+            d = as_dim(d)
+            if isinstance(d, int) or d.is_symbol or d in named:
+                continue
+            named[d] = f"Z{len(named)}"
+    return named
 
 
 def _check_buffers(sched: Schedule, buffer_of: dict[int, int], kernels: list[Kernel], returned):
