@@ -30,6 +30,7 @@ import torch.fx.config
 from ...errors import CaptureError, UnsupportedError, first_line
 from ...ir.constraints import Guard
 from ...ir.symbolic import as_expr, format_dim
+from .fake_cache_off import fake_tensor_cache_off
 from .fresh_writes import rewrite_fresh_writes
 from .size_rewrites import register_size_rewrites
 from .symbols import sympy_to_expr, to_dim
@@ -257,7 +258,12 @@ def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool 
         dynamic_shapes = default_dynamic_shapes(model, args, kwargs)
     grad_mode = contextlib.nullcontext() if grad else torch.no_grad()
     try:
-        with grad_mode, _quiet_specialization_log(ours), traced_forms(opaque=not grad):
+        with (
+            grad_mode,
+            _quiet_specialization_log(ours),
+            traced_forms(opaque=not grad),
+            fake_tensor_cache_off(),
+        ):
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
@@ -352,7 +358,7 @@ def _drop_metadata_asserts(gm: fx.GraphModule) -> None:
 
 def _decompose(ep, name: str):
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), fake_tensor_cache_off():
             # torch's own deepcopy of its output spec warns about its own deprecated API
             warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
             return ep.run_decompositions(decomposition_table())
