@@ -103,3 +103,75 @@ def test_batch_norm_elsewhere_meanwhile_runs_as_torch_runs_it():
         bn(x).sum().backward()
         assert x.grad is not None
     assert errors == []
+
+
+class ReluKinds(torch.nn.Module):
+    """F.relu out of place (swapped while capturing), in place (kept), and on a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, stride=2, padding=1)
+        self.act = torch.nn.ReLU()
+        self.act_inplace = torch.nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        y = self.act(self.conv(x))
+        z = y[:, :, ::2] * 2
+        alias = z
+        self.act_inplace(z)  # (alias sees it: in place stays in place)
+        return torch.nn.functional.relu(y.flatten(1) - 0.1), alias + 0
+
+
+def test_relu_is_recorded_as_torch_records_it_and_in_place_stays():
+    model = ReluKinds().eval()
+    x = torch.randn(2, 3, 9, 7)
+    dims = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO},)
+    with torch.no_grad():
+        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
+    seen = []
+    from anyshape.frontends.torch import traced_forms
+
+    real = traced_forms.relu_opaque
+
+    def counting(t):
+        seen.append(tuple(t.shape))
+        return real(t)
+
+    traced_forms.relu_opaque = counting
+    try:
+        ours = _export(model, (x,), {}, dims)
+    finally:
+        traced_forms.relu_opaque = real
+    assert len(seen) == 2  # the two out-of-place calls went through the opaque op
+    assert _calls(ours.graph) == _calls(torch_own.graph)
+    compiled = anyshape.optimize(model, (x,))
+    for shape in [(1, 3, 1, 1), (3, 3, 16, 5), (0, 3, 4, 4)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            for got, want in zip(compiled(x), model(x)):
+                torch.testing.assert_close(got, want)
+
+
+def test_relu_elsewhere_meanwhile_runs_as_torch_runs_it():
+    import threading
+
+    from anyshape.frontends.torch.traced_forms import opaque_relu
+
+    errors = []
+
+    def train():
+        try:
+            x = torch.randn(5, requires_grad=True)
+            torch.nn.functional.relu(x).sum().backward()
+            assert x.grad is not None
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    with opaque_relu():
+        t = threading.Thread(target=train)
+        t.start()
+        t.join()
+        x = torch.randn(5, requires_grad=True)
+        torch.nn.functional.relu(x).sum().backward()  # autograd on: torch's own op
+        assert x.grad is not None
+    assert errors == []
