@@ -8,13 +8,19 @@ use instead (or falls back to ctypes). Everything else is in pyproject.toml.
 import runpy
 from pathlib import Path
 
-import numpy
 from setuptools import Extension, setup
 
 sources = runpy.run_path(str(Path(__file__).parent / "anyshape/runtime/fastcall_sources.py"))
 
-setup(
-    ext_modules=[
+
+def fastcall_extension() -> list[Extension]:
+    """The extension, or none where NumPy's headers are missing from the build (a build
+    without isolation and without NumPy): it is then built on first use."""
+    try:
+        import numpy
+    except ImportError:
+        return []
+    return [
         Extension(
             "anyshape.runtime._anyshape_fastcall",
             sources=["anyshape/runtime/fastcall_ext.c"],
@@ -24,4 +30,6 @@ setup(
             optional=True,
         )
     ]
-)
+
+
+setup(ext_modules=fastcall_extension())

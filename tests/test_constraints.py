@@ -83,6 +83,19 @@ def test_an_equated_compound_term_is_rewritten_inside_other_terms():
     assert not other.prove_eq(half, 1)
 
 
+def test_a_compound_fact_holds_through_symbol_classes_and_a_zero_divisor_stays():
+    s = ConstraintStore()
+    s.add_guard(Guard("eq", floordiv(S1, 2), SymExpr.const(1), "a checked guard"))
+    s.add_equal(S0, S1)  # s0 becomes the class's representative after the fact arrived
+    assert s.canonical(S1) == S0
+    assert s.prove_eq(floordiv(S0, 2), 1) and s.prove_eq(S2 * floordiv(S1, 2), S2)
+    z = ConstraintStore()
+    z.add_guard(Guard("eq", mod(S0, 4), SymExpr.const(0), "divisible by 4"))
+    term = floordiv(S1, mod(S0, 4) + 0)
+    assert z.canonical(term) == term  # (a divisor that is 0 by the fact: left as written)
+    assert z.prove_eq(mod(S0, 4) * S1, 0)
+
+
 def test_bounds_of_polynomials():
     s = store_with(s0=(2, 10), s1=(0, 3))
     assert s.bounds(2 * S0 - S1 + 1) == (2, 21)

@@ -175,3 +175,37 @@ def test_relu_elsewhere_meanwhile_runs_as_torch_runs_it():
         torch.nn.functional.relu(x).sum().backward()  # autograd on: torch's own op
         assert x.grad is not None
     assert errors == []
+
+
+def test_overlapping_captures_on_two_threads_put_torchs_functions_back():
+    """Thread A starts a capture, thread B starts one, A ends first: after both, every
+    swapped function is torch's own again (the last capture to end restores it)."""
+    import threading
+
+    import torch.nn.functional as F
+
+    from anyshape.frontends.torch.traced_forms import traced_forms
+
+    originals = F.relu, F.batch_norm, F.max_pool1d
+    a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    def capture_a():
+        with traced_forms():
+            a_inside.set()
+            b_inside.wait(10)
+        a_done.set()
+
+    t = threading.Thread(target=capture_a)
+    t.start()
+    a_inside.wait(10)
+    with traced_forms():
+        b_inside.set()
+        a_done.wait(10)
+        assert F.relu is not originals[0]  # still swapped: this capture runs on
+    t.join()
+    assert (F.relu, F.batch_norm, F.max_pool1d) == originals
+    with torch.no_grad():  # and a later export of the user's own records torch's relu
+        ep = torch.export.export(torch.nn.ReLU(), (torch.randn(3),), strict=False)
+    assert [str(n.target) for n in ep.graph.nodes if n.op == "call_function"] == [
+        "aten.relu.default"
+    ]

@@ -60,6 +60,7 @@ class ConstraintStore:
         self.guards: list[Guard] = []
         self.hints: dict[str, int] = {}
         self._constant_compounds = False  # whether a compound term was equated to a constant
+        self._constant_compound_facts: list[tuple[SymExpr, SymExpr]] = []
 
     # --- recording facts ---------------------------------------------------
     def add_symbol(self, name: str, lo: int = 0, hi: int | None = None, hint: int | None = None):
@@ -94,6 +95,7 @@ class ConstraintStore:
         self._parent.setdefault(keep, keep)
         if keep.is_constant and drop.has_compound:
             self._constant_compounds = True
+            self._constant_compound_facts.append((drop, keep))
 
     def add_product_equal(self, a: Iterable, b: Iterable) -> None:
         a, b = tuple(as_expr(x) for x in a), tuple(as_expr(x) for x in b)
@@ -128,10 +130,24 @@ class ConstraintStore:
         return e
 
     def _constant_of(self, e: SymExpr) -> SymExpr:
-        """``e``'s representative where that is a constant, else ``e`` (a compound term
-        equated to a symbol stays as written: proofs over products name it so)."""
+        """``e``'s value where a fact equates it (its symbols as their representatives)
+        to a constant, else ``e`` (a compound term equated to a symbol stays as written:
+        proofs over products name it so)."""
         rep = self._find(e)
-        return rep if rep.is_constant else e
+        if rep.is_constant:
+            return rep
+        for key, value in self._constant_compound_facts:
+            if key == e or self._symbols_canonical(key) == e:
+                return value
+        return e
+
+    def _symbols_canonical(self, e: SymExpr) -> SymExpr:
+        mapping = {}
+        for s in e.free_symbols:
+            rep = self._find(SymExpr.symbol(s))
+            if rep != SymExpr.symbol(s):
+                mapping[s] = rep
+        return e.subs(mapping) if mapping else e
 
     # --- bounds ------------------------------------------------------------
     def bounds(self, e) -> tuple[int | None, int | None]:

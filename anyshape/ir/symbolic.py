@@ -167,7 +167,9 @@ class SymExpr:
     def map_compounds(self, fn) -> SymExpr:
         """Each compound atom rebuilt from its arguments (mapped first, innermost out) and
         replaced by ``fn`` of it, re-canonicalizing: ``floordiv(16, floordiv(s, 2))``
-        with ``fn`` mapping ``floordiv(s, 2)`` to 1 becomes 16."""
+        with ``fn`` mapping ``floordiv(s, 2)`` to 1 becomes 16. A term whose mapped
+        divisor is 0 stays as it was (``floordiv(t, mod(s, 4))`` where ``mod(s, 4) == 0``:
+        the size is then a term of an empty dim, never evaluated by this rewrite)."""
         if not self.has_compound:
             return self
         total = ZERO
@@ -177,7 +179,11 @@ class SymExpr:
                 if isinstance(a, str):
                     base = SymExpr.symbol(a)
                 else:
-                    base = fn(_build_compound(a.kind, [x.map_compounds(fn) for x in a.args]))
+                    try:
+                        rebuilt = _build_compound(a.kind, [x.map_compounds(fn) for x in a.args])
+                    except ZeroDivisionError:
+                        rebuilt = SymExpr({((a, 1),): 1})
+                    base = fn(rebuilt)
                 for _ in range(p):
                     v = v * base
             total = total + v

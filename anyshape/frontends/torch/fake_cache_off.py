@@ -10,9 +10,12 @@ ResNet-50 take 20-30 % less time (AVX-512 Zen 5; docs/architecture.md). The
 results are the same: the cache is pure memoization, which torch itself can
 cross-check against running each op.
 
-torch reads the setting when an export makes its fake mode, from its config,
-whose overrides are thread-local: the capturing thread's alone changes, nested
+torch reads the setting when an export makes its fake mode, from its config.
+With torch 2.13 (the version anyshape is developed and tested against) config
+overrides are thread-local: the capturing thread's alone changes, nested
 captures restore what they found, and other threads' compiles keep their cache.
+Older torch patches the process-wide value while a capture runs, so another
+thread's compile meanwhile also runs without the cache: slower, never different.
 """
 
 from __future__ import annotations

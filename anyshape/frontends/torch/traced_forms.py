@@ -23,6 +23,7 @@ allows on the contiguous tensors a model passes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 
 import torch
@@ -79,6 +80,50 @@ def _(x):
 _RELU_OPAQUE = torch.ops.anyshape.relu_opaque.default
 
 
+_capturing = threading.local()  # .depth: {name: captures on this thread swapping it}
+_swap_lock = threading.Lock()
+_installed: dict[str, tuple[object, int]] = {}  # name -> (torch's function, swaps using it)
+
+
+def _on_capturing_thread(name: str) -> bool:
+    return _depths().get(name, 0) > 0
+
+
+def _depths() -> dict[str, int]:
+    if not hasattr(_capturing, "depth"):
+        _capturing.depth = {}
+    return _capturing.depth
+
+
+@contextlib.contextmanager
+def _swapped(name: str, make):
+    """``F.<name>`` replaced by ``make(torch's function)`` while any capture runs: the
+    first capture installs it and the last one, whichever thread finishes last, puts
+    torch's function back. The replacement takes its traced form only on a thread
+    inside a capture that swapped it (``_on_capturing_thread``)."""
+    import torch.nn.functional as F
+
+    with _swap_lock:
+        original, count = _installed.get(name, (None, 0))
+        if count == 0:
+            original = getattr(F, name)
+            setattr(F, name, make(original))
+        _installed[name] = (original, count + 1)
+    depths = _depths()
+    depths[name] = depths.get(name, 0) + 1
+    try:
+        yield
+    finally:
+        depths[name] -= 1
+        with _swap_lock:
+            original, count = _installed[name]
+            if count == 1:
+                setattr(F, name, original)
+                del _installed[name]
+            else:
+                _installed[name] = (original, count - 1)
+
+
 @contextlib.contextmanager
 def traced_forms(opaque: bool = True):
     """Every substitution while the body captures; ``opaque=False`` (a capture autograd
@@ -91,70 +136,59 @@ def traced_forms(opaque: bool = True):
         yield
 
 
-@contextlib.contextmanager
 def opaque_relu():
-    """``F.relu`` out of place as ``anyshape::relu_opaque`` while the body runs, on this
-    thread, without autograd (in place, or anything else, as torch traces it)."""
-    import torch.nn.functional as F
+    """``F.relu`` out of place as ``anyshape::relu_opaque`` while the body runs, on
+    capturing threads, without autograd (in place, or anything else, as torch traces it)."""
 
-    original = F.relu
-    thread = threading.get_ident()
+    def make(original):
+        def relu(input, inplace=False):
+            if (
+                inplace
+                or not _on_capturing_thread("relu")
+                or torch.is_grad_enabled()
+                or not isinstance(input, torch.Tensor)
+                or torch.overrides.has_torch_function_unary(input)
+            ):
+                return original(input, inplace)
+            return relu_opaque(input)
 
-    def relu(input, inplace=False):
-        if (
-            inplace
-            or threading.get_ident() != thread
-            or torch.is_grad_enabled()
-            or not isinstance(input, torch.Tensor)
-            or torch.overrides.has_torch_function_unary(input)
-        ):
-            return original(input, inplace)
-        return relu_opaque(input)
+        return relu
 
-    F.relu = relu
-    try:
-        yield
-    finally:
-        F.relu = original
+    return _swapped("relu", make)
 
 
-@contextlib.contextmanager
 def opaque_batch_norm():
     """``F.batch_norm`` in eval mode with running statistics as ``anyshape::batch_norm_eval``
-    while the body runs, on this thread, without autograd (anything else as torch
+    while the body runs, on capturing threads, without autograd (anything else as torch
     traces it)."""
-    import torch.nn.functional as F
 
-    original = F.batch_norm
-    thread = threading.get_ident()  # (another thread meanwhile runs batch norm as is)
-
-    def batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False,
-                   momentum=0.1, eps=1e-5):  # fmt: skip
-        plain = (
-            not training
-            and threading.get_ident() == thread
-            and not torch.is_grad_enabled()  # (the op has no derivative)
-            and momentum is not None
-            and isinstance(input, torch.Tensor)
-            and isinstance(running_mean, torch.Tensor)
-            and isinstance(running_var, torch.Tensor)
-            and not torch.overrides.has_torch_function_variadic(
-                input, running_mean, running_var, weight, bias
+    def make(original):
+        def batch_norm(input, running_mean, running_var, weight=None, bias=None,
+                       training=False, momentum=0.1, eps=1e-5):  # fmt: skip
+            plain = (
+                not training
+                and _on_capturing_thread("batch_norm")
+                and not torch.is_grad_enabled()  # (the op has no derivative)
+                and momentum is not None
+                and isinstance(input, torch.Tensor)
+                and isinstance(running_mean, torch.Tensor)
+                and isinstance(running_var, torch.Tensor)
+                and not torch.overrides.has_torch_function_variadic(
+                    input, running_mean, running_var, weight, bias
+                )
             )
-        )
-        if not plain:
-            return original(input, running_mean, running_var, weight, bias, training, momentum,
-                            eps)  # fmt: skip
-        cudnn = torch.backends.cudnn.enabled
-        return batch_norm_eval(
-            input, weight, bias, running_mean, running_var, float(momentum), float(eps), cudnn
-        )
+            if not plain:
+                return original(input, running_mean, running_var, weight, bias, training,
+                                momentum, eps)  # fmt: skip
+            cudnn = torch.backends.cudnn.enabled
+            return batch_norm_eval(
+                input, weight, bias, running_mean, running_var, float(momentum), float(eps),
+                cudnn,
+            )  # fmt: skip
 
-    F.batch_norm = batch_norm
-    try:
-        yield
-    finally:
-        F.batch_norm = original
+        return batch_norm
+
+    return _swapped("batch_norm", make)
 
 
 def restore_traced_forms(ep) -> None:
@@ -170,44 +204,39 @@ def restore_traced_forms(ep) -> None:
             n.args = (x, weight, bias, mean, var, False, momentum, eps, cudnn)
 
 
-@contextlib.contextmanager
 def max_pool1d_as_2d():
     """``F.max_pool1d`` traced as a 2-D pool over ``[N, C, 1, L]`` while capturing.
 
     torch's C++ ``max_pool1d`` reads its input length as a number, so tracing fixes
     it (``Eq(L, 9)``: every other length a new graph); the 2-D pool's shape function
     keeps it symbolic, with the same values. The returned-indices form is left to
-    torch (``max_pool1d_with_indices`` is symbolic already). The name is swapped
-    for the capture only; a call from another thread meanwhile gets the same result.
+    torch (``max_pool1d_with_indices`` is symbolic already), and so is a call on a
+    thread not capturing.
     """
+    return _swapped("max_pool1d", lambda original: functools.partial(_max_pool1d, original))
+
+
+def _max_pool1d(original, input, kernel_size, stride=None, padding=0, dilation=1,
+                ceil_mode=False, return_indices=False):  # fmt: skip
     import torch.nn.functional as F
 
-    original = F.max_pool1d
+    x = input
+    if (
+        return_indices
+        or not _on_capturing_thread("max_pool1d")
+        or not isinstance(x, torch.Tensor)
+        or x.dim() not in (2, 3)
+    ):
+        return original(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
-    def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
-                   return_indices=False):  # fmt: skip
-        x = input
-        if return_indices or not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
-            return original(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+    def one(v, default):
+        if isinstance(v, (list, tuple)):
+            return v[0] if len(v) else default
+        return default if v is None else v
 
-        def one(v, default):
-            if isinstance(v, (list, tuple)):
-                return v[0] if len(v) else default
-            return default if v is None else v
-
-        k = one(kernel_size, None)
-        y = F.max_pool2d(
-            x.unsqueeze(-2),
-            (1, k),
-            (1, one(stride, k)),
-            (0, one(padding, 0)),
-            (1, one(dilation, 1)),
-            ceil_mode,
-        )
-        return y.squeeze(-2)
-
-    F.max_pool1d = max_pool1d
-    try:
-        yield
-    finally:
-        F.max_pool1d = original
+    k = one(kernel_size, None)
+    y = F.max_pool2d(
+        x.unsqueeze(-2), (1, k), (1, one(stride, k)), (0, one(padding, 0)),
+        (1, one(dilation, 1)), ceil_mode,
+    )  # fmt: skip
+    return y.squeeze(-2)
