@@ -77,32 +77,36 @@ def test_a_wrong_channel_count_is_a_capture_error_naming_it():
         capture_export(WrongChannels().eval(), (torch.randn(2, 3, 5, 5),))
 
 
-def test_batch_norm_elsewhere_meanwhile_runs_as_torch_runs_it():
-    """While a capture swaps ``F.batch_norm``, another thread training through a frozen
-    batch norm, and this thread with autograd on, get torch's own (differentiable) op."""
+def _elsewhere_and_with_autograd_torch_runs(swap, fn, shape) -> None:
+    """While ``swap`` is on, another thread training through ``fn``, and this thread with
+    autograd on, get torch's own (differentiable) op."""
     import threading
 
-    from anyshape.frontends.torch.traced_forms import opaque_batch_norm
-
-    bn = torch.nn.BatchNorm2d(3).eval()
     errors = []
 
     def train():
         try:
-            x = torch.randn(2, 3, 4, 4, requires_grad=True)
-            bn(x).sum().backward()
+            x = torch.randn(shape, requires_grad=True)
+            fn(x).sum().backward()
             assert x.grad is not None
         except Exception as e:  # reported below
             errors.append(e)
 
-    with opaque_batch_norm():
+    with swap():
         t = threading.Thread(target=train)
         t.start()
         t.join()
-        x = torch.randn(2, 3, 4, 4, requires_grad=True)
-        bn(x).sum().backward()
+        x = torch.randn(shape, requires_grad=True)
+        fn(x).sum().backward()
         assert x.grad is not None
     assert errors == []
+
+
+def test_batch_norm_elsewhere_meanwhile_runs_as_torch_runs_it():
+    from anyshape.frontends.torch.traced_forms import opaque_batch_norm
+
+    bn = torch.nn.BatchNorm2d(3).eval()
+    _elsewhere_and_with_autograd_torch_runs(opaque_batch_norm, bn, (2, 3, 4, 4))
 
 
 class ReluKinds(torch.nn.Module):
@@ -153,28 +157,9 @@ def test_relu_is_recorded_as_torch_records_it_and_in_place_stays():
 
 
 def test_relu_elsewhere_meanwhile_runs_as_torch_runs_it():
-    import threading
-
     from anyshape.frontends.torch.traced_forms import opaque_relu
 
-    errors = []
-
-    def train():
-        try:
-            x = torch.randn(5, requires_grad=True)
-            torch.nn.functional.relu(x).sum().backward()
-            assert x.grad is not None
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    with opaque_relu():
-        t = threading.Thread(target=train)
-        t.start()
-        t.join()
-        x = torch.randn(5, requires_grad=True)
-        torch.nn.functional.relu(x).sum().backward()  # autograd on: torch's own op
-        assert x.grad is not None
-    assert errors == []
+    _elsewhere_and_with_autograd_torch_runs(opaque_relu, torch.nn.functional.relu, (5,))
 
 
 def test_overlapping_captures_on_two_threads_put_torchs_functions_back():

@@ -59,7 +59,7 @@ class ConstraintStore:
         self.product_eqs: list[tuple[tuple[SymExpr, ...], tuple[SymExpr, ...]]] = []
         self.guards: list[Guard] = []
         self.hints: dict[str, int] = {}
-        self._constant_compounds = False  # whether a compound term was equated to a constant
+        # (compound term, constant) for each compound term equated to a constant
         self._constant_compound_facts: list[tuple[SymExpr, SymExpr]] = []
 
     # --- recording facts ---------------------------------------------------
@@ -94,7 +94,6 @@ class ConstraintStore:
         self._parent[drop] = keep
         self._parent.setdefault(keep, keep)
         if keep.is_constant and drop.has_compound:
-            self._constant_compounds = True
             self._constant_compound_facts.append((drop, keep))
 
     def add_product_equal(self, a: Iterable, b: Iterable) -> None:
@@ -125,7 +124,7 @@ class ConstraintStore:
                 mapping[s] = rep
         if mapping:
             e = self._find(e.subs(mapping))
-        if self._constant_compounds and e.has_compound:
+        if self._constant_compound_facts and e.has_compound:
             e = self._find(e.map_compounds(self._constant_of))
         return e
 

@@ -146,18 +146,14 @@ class SymExpr:
         """Substitute symbols by expressions (each >= 0, as symbols are), re-canonicalizing."""
         if not mapping or not (self.free_symbols & mapping.keys()):
             return self
-        total = ZERO
-        for m, c in self.terms:
-            v = SymExpr.const(c)
-            for a, p in m:
-                if isinstance(a, str):
-                    base = as_expr(mapping[a]) if a in mapping else SymExpr.symbol(a)
-                else:
-                    base = _build_compound(a.kind, [x.subs(mapping) for x in a.args])
-                for _ in range(p):
-                    v = v * base
-            total = total + v
-        return total
+
+        def symbol(a: str) -> SymExpr:
+            return as_expr(mapping[a]) if a in mapping else SymExpr.symbol(a)
+
+        def compound(a: Compound) -> SymExpr:
+            return _build_compound(a.kind, [x.subs(mapping) for x in a.args])
+
+        return self._rebuilt(symbol, compound)
 
     @property
     def has_compound(self) -> bool:
@@ -172,18 +168,23 @@ class SymExpr:
         the size is then a term of an empty dim, never evaluated by this rewrite)."""
         if not self.has_compound:
             return self
+
+        def compound(a: Compound) -> SymExpr:
+            try:
+                return fn(_build_compound(a.kind, [x.map_compounds(fn) for x in a.args]))
+            except ZeroDivisionError:
+                return fn(SymExpr({((a, 1),): 1}))
+
+        return self._rebuilt(SymExpr.symbol, compound)
+
+    def _rebuilt(self, symbol, compound) -> SymExpr:
+        """This expression with each symbol atom replaced by ``symbol(name)`` and each
+        compound atom by ``compound(atom)``, re-canonicalizing."""
         total = ZERO
         for m, c in self.terms:
             v = SymExpr.const(c)
             for a, p in m:
-                if isinstance(a, str):
-                    base = SymExpr.symbol(a)
-                else:
-                    try:
-                        rebuilt = _build_compound(a.kind, [x.map_compounds(fn) for x in a.args])
-                    except ZeroDivisionError:
-                        rebuilt = SymExpr({((a, 1),): 1})
-                    base = fn(rebuilt)
+                base = symbol(a) if isinstance(a, str) else compound(a)
                 for _ in range(p):
                     v = v * base
             total = total + v
