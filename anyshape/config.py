@@ -91,6 +91,14 @@ class Options:
             "help": "CPU GEMMs of few rows: onednn (dnnl_sgemm, when installed) or openblas",
         },
     )
+    kernel_families: bool = field(
+        default=True,
+        metadata={
+            "help": "CPU kernels that differ only in static sizes of 16 or more share one "
+            "compiled function, the sizes passed per call (off: one function per distinct "
+            "kernel, every size a constant)"
+        },
+    )
     fastcall: bool = field(
         default=True,
         metadata={

@@ -69,9 +69,11 @@ class ExplainReport:
             if native is not None:
                 described = native.kernel_descriptions
                 gemms = sum(d.startswith(("library", "im2col")) for d in described)
+                functions = getattr(native, "compiled_functions", 0)
+                compiled = f", {functions} compiled functions" if functions else ""
                 lines.append(
                     f"  kernels: {len(described)} calls ({gemms} library GEMM/convolution, "
-                    f"{len(described) - gemms} generated loop nests)"
+                    f"{len(described) - gemms} generated loop nests{compiled})"
                 )
                 lines += [f"    {d}" for d in described]
             guards = [str(gd) for gd in g.constraints.guards]

@@ -44,7 +44,9 @@ class CpuBackend(Backend):
         from .routes import plan_kernels
 
         isa = target_named(target)
-        program = emit_translation_unit(graph, [], plan_kernels(graph, options))
+        program = emit_translation_unit(
+            graph, [], plan_kernels(graph, options), options.kernel_families
+        )
         library = build_library(program.source, "export", isa, options).read_bytes()
         return ExportedLibrary(
             library=library,

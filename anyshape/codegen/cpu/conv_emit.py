@@ -20,6 +20,7 @@ from ...ir.symbolic import shape_numel
 from . import pool_emit
 from .ctypes_map import c_type
 from .expr import KernelScope
+from .gemm_emit import dnnl_site
 from .loop_ir import For, Guarded, if_, loop, text
 
 if TYPE_CHECKING:
@@ -51,6 +52,10 @@ class _Conv:
     C: str
     P: str  # output positions per image
     Q: str  # input positions per image
+    CG: str  # cg, og, out_channels and rows as the kernel reads them (a family's run-time
+    OG: str  # integers when its scope generalizes, see families.py)
+    OC: str
+    ROWS: str
     ins: list[str]
     outs: list[str]
     channels_last: bool  # x [N, *spatial, C] and y [N, *spatial, O]
@@ -89,6 +94,10 @@ def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
         C=scope.dim(x.shape[-1 if last else 1]),
         P=scope.dim(shape_numel(y_spatial)),
         Q=scope.dim(shape_numel(x_spatial)),
+        CG=scope.dim(w.shape[1]),
+        OG=scope.dim(w.shape[0] // g),
+        OC=scope.dim(w.shape[0]),
+        ROWS=scope.dim(w.shape[1] * ksize),
         ins=[scope.dim(d) for d in x_spatial],
         outs=[scope.dim(d) for d in y_spatial],
         channels_last=last,
@@ -114,15 +123,13 @@ def _dnnl_site(c: _Conv, route: Route, x: str, y: str) -> tuple[str, str]:
     pays at the image's pixel count (``as_matmul_pays``) or always."""
     w = f"(const float*){c.pw}"
     if route.as_matmul:
-        site = f"static AsMatmulSite dnnl_site = {{{c.cg}, {c.out_channels}, 1, "
-        site += f"{int(route.always)}, "
+        site = dnnl_site("AsMatmulSite", [c.CG, c.OC, "1", str(int(route.always))])
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {c.P})"
     else:
-        geometry = [c.cg, c.out_channels, *c.kernel, *c.stride, *c.pad, *c.dil]
-        site = f"static AsConvSite dnnl_site = {{{', '.join(map(str, geometry))}, "
-        site += f"{int(c.channels_last)}, "
+        static = [*c.kernel, *c.stride, *c.pad, *c.dil, int(c.channels_last)]
+        site = dnnl_site("AsConvSite", [c.CG, c.OC, *map(str, static)])
         call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]})"
-    return site + "{PTHREAD_MUTEX_INITIALIZER}};", call
+    return site, call
 
 
 def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
@@ -130,10 +137,10 @@ def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
     epilogue right after it. If the first image cannot run there, im2col + GEMM below
     runs instead."""
     x = f"(const float*){c.px} + n * {c.C} * {c.Q}"
-    site, call = _dnnl_site(c, route, x, f"(float*){c.po} + n * {c.out_channels} * {c.P}")
+    site, call = _dnnl_site(c, route, x, f"(float*){c.po} + n * {c.OC} * {c.P}")
     each_image = [text("const int64_t n = done;", f"if (!{call}) break;"), *(epilogue or ())]
     body = (
-        text(site, "int64_t done = 0;"),
+        text(*site.split("\n"), "int64_t done = 0;"),
         loop(For("done", None, c.N), each_image),
         text(f"if (done == {c.N}) return 0;", "if (done > 0) return 4;"),
     )
@@ -146,13 +153,13 @@ def _conv_batched(c: _Conv) -> list[str]:
     t, P = c.t, c.P
     lines = [
         f"const int64_t NP = {c.N} * {P};",
-        f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * ({c.rows} + {c.og}) * NP);",
+        f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * ({c.ROWS} + {c.OG}) * NP);",
         "if (!col) return 3;",
-        f"{t}* acc = col + (int64_t){c.rows} * NP;",
+        f"{t}* acc = col + (int64_t){c.ROWS} * NP;",
         f"for (int64_t g = 0; g < {c.groups}; ++g) {{",
-        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.rows} * NP > 32768)",
-        f"  for (int64_t r = 0; r < {c.rows}; ++r) for (int64_t n = 0; n < {c.N}; ++n) {{",
-        f"    const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.ROWS} * NP > 32768)",
+        f"  for (int64_t r = 0; r < {c.ROWS}; ++r) for (int64_t n = 0; n < {c.N}; ++n) {{",
+        f"    const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.CG}) * {c.Q};",
         f"    {t}* dst = col + r * NP + n * {P};",
     ]
     if c.direct:
@@ -165,11 +172,11 @@ def _conv_batched(c: _Conv) -> list[str]:
         lines += _im2col_tap(c)
     lines += [
         "  }",
-        f"  as_conv_gemm<{t}>({c.og}, NP, {c.rows}, "
-        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, col, NP, acc);",
-        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.og} * NP > 32768)",
-        f"  for (int64_t n = 0; n < {c.N}; ++n) for (int64_t o = 0; o < {c.og}; ++o) {{",
-        f"    {t}* out = ({t}*){c.po} + (n * {c.out_channels} + g * {c.og} + o) * {P};",
+        f"  as_conv_gemm<{t}>({c.OG}, NP, {c.ROWS}, "
+        f"(const {t}*){c.pw} + g * {c.OG} * {c.ROWS}, {c.ROWS}, col, NP, acc);",
+        f"  #pragma omp parallel for collapse(2) schedule(static) if({c.OG} * NP > 32768)",
+        f"  for (int64_t n = 0; n < {c.N}; ++n) for (int64_t o = 0; o < {c.OG}; ++o) {{",
+        f"    {t}* out = ({t}*){c.po} + (n * {c.OC} + g * {c.OG} + o) * {P};",
         f"    const {t}* src = acc + o * NP + n * {P};",
         "    #pragma omp simd",
         f"    for (int64_t q = 0; q < {P}; ++q) out[q] = src[q];",
@@ -195,13 +202,15 @@ def _conv_channels_last(c: _Conv, epilogue: list | None, route: Route | None) ->
     (h, w), (oh, ow) = c.ins, c.outs
     x, y = (
         f"xn = (const {t}*){c.px} + n * {c.Q} * {c.C}",
-        f"yn = ({t}*){c.po} + n * {c.P} * {c.out_channels}",
+        f"yn = ({t}*){c.po} + n * {c.P} * {c.OC}",
     )
     image = [text(f"const {t}* {x};", f"{t}* {y};", "bool ran = false;")]
     before = []
     if route is not None:
         site, call = _dnnl_site(c, route, "xn", "yn")
-        before.append(Guarded("ANYSHAPE_DNNL", (text(site, "bool dnnl_runs = true;"),)))
+        before.append(
+            Guarded("ANYSHAPE_DNNL", (text(*site.split("\n"), "bool dnnl_runs = true;"),))
+        )
         runs = (
             "if (dnnl_runs) {",
             f"  ran = {call};",
@@ -211,7 +220,7 @@ def _conv_channels_last(c: _Conv, epilogue: list | None, route: Route | None) ->
         )
         image.append(Guarded("ANYSHAPE_DNNL", (text(*runs),)))
     fallback = (
-        f"if (!ran && !as_conv2d_nhwc<{t}>(xn, (const {t}*){c.pw}, yn, {c.C}, {c.out_channels}, "
+        f"if (!ran && !as_conv2d_nhwc<{t}>(xn, (const {t}*){c.pw}, yn, {c.C}, {c.OC}, "
         f"{h}, {w}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw})) return 3;"
     )
     image += [text(fallback), *(epilogue or ())]
@@ -289,24 +298,24 @@ def emit_conv(scope: KernelScope, root: Node, epilogue: list | None) -> list:
     if not c.direct:
         out.append(
             text(
-                f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.rows} * {c.P});",
+                f"{t}* col = ({t}*)as_scratch((int64_t)sizeof({t}) * {c.ROWS} * {c.P});",
                 "if (!col) return 3;",
             )
         )
-    image = [f"const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.cg}) * {c.Q};"]
+    image = [f"const {t}* xg = (const {t}*){c.px} + (n * {c.C} + g * {c.CG}) * {c.Q};"]
     if c.direct:
         image.append(f"const {t}* B = xg;")
     else:
-        image.append(f"#pragma omp parallel for schedule(static) if({c.rows} * {c.P} > 32768)")
-        image.append(f"for (int64_t r = 0; r < {c.rows}; ++r) {{")
+        image.append(f"#pragma omp parallel for schedule(static) if({c.ROWS} * {c.P} > 32768)")
+        image.append(f"for (int64_t r = 0; r < {c.ROWS}; ++r) {{")
         image.append(f"  {t}* dst = col + r * {c.P};")
         image += [ln[2:] for ln in _im2col_tap(c)]
         image.append("}")
         image.append(f"const {t}* B = col;")
     image.append(
-        f"as_conv_gemm<{t}>({c.og}, {c.P}, {c.rows}, "
-        f"(const {t}*){c.pw} + g * {c.og * c.rows}, {c.rows}, B, {c.P}, "
-        f"({t}*){c.po} + (n * {c.out_channels} + g * {c.og}) * {c.P});"
+        f"as_conv_gemm<{t}>({c.OG}, {c.P}, {c.ROWS}, "
+        f"(const {t}*){c.pw} + g * {c.OG} * {c.ROWS}, {c.ROWS}, B, {c.P}, "
+        f"({t}*){c.po} + (n * {c.OC} + g * {c.OG}) * {c.P});"
     )
     per_group = [text(*image)]
     if epilogue is not None:  # this image's output, still in cache

@@ -284,3 +284,44 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
   p->generation = gen;
   return p->data;
 }
+
+// The call sites of one kernel family (families.py): a kernel compiled once for several
+// static geometries keeps one site per geometry, found by the geometry's `words` int64s
+// (the first fields of every site struct), made zeroed on its first call and kept for the
+// library's life, as a kernel's own static site is. The lookup holds the table's lock
+// only while it scans a few entries. Never null: out of memory, a site marked broken (the
+// caller's BLAS or im2col path runs). Not inlined: inlined into a kernel whose geometry
+// is constant, GCC 12's points-to analysis at -O3 made GPT-2's attention projection return
+// wrong values (right at -O0, or with -fno-tree-pta); a call costs nothing beside a GEMM.
+struct AsSiteTable {
+  pthread_mutex_t mu;
+  void** sites;
+  int64_t count;
+};
+
+template <class Site>
+__attribute__((noinline)) static Site* as_site_for(AsSiteTable* t, const int64_t* geometry, int64_t words) {
+  pthread_mutex_lock(&t->mu);
+  Site* hit = nullptr;
+  for (int64_t i = 0; i < t->count && !hit; ++i)
+    if (memcmp(t->sites[i], geometry, sizeof(int64_t) * words) == 0) hit = (Site*)t->sites[i];
+  if (!hit) {
+    void** grown = (void**)realloc(t->sites, sizeof(void*) * (t->count + 1));
+    if (grown) t->sites = grown;
+    Site* made = grown ? (Site*)calloc(1, sizeof(Site)) : nullptr;
+    if (made) {
+      memcpy((void*)made, geometry, sizeof(int64_t) * words);
+      pthread_mutex_init(&made->weights.mu, nullptr);
+      t->sites[t->count++] = made;
+      hit = made;
+    }
+  }
+  pthread_mutex_unlock(&t->mu);
+  if (!hit) {
+    static Site refused;
+    static const bool marked = (refused.broken = true);
+    (void)marked;
+    hit = &refused;
+  }
+  return hit;
+}

@@ -191,3 +191,11 @@ static bool as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float*
   as_conv_release(s, e);
   return ok;
 }
+
+// The site of a family's kernel for one convolution geometry (see as_site_for).
+static AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o, int64_t kh, int64_t kw,
+                                int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                                int64_t dw, int64_t nhwc) {
+  const int64_t geometry[11] = {c, o, kh, kw, sh, sw, ph, pw, dh, dw, nhwc};
+  return as_site_for<AsConvSite>(t, geometry, 11);
+}

@@ -19,7 +19,7 @@ from ...ir.graph import Graph
 from ...runtime.native import NativeGraph
 from ...stats import bump
 from .build import build_library
-from .program import HostProgram
+from .program import KERNEL_MARK, HostProgram
 
 
 class CpuExecutable:
@@ -39,7 +39,9 @@ class CpuExecutable:
             from .host import emit_translation_unit
             from .routes import plan_kernels
 
-            program = emit_translation_unit(graph, extra_symbols, plan_kernels(graph, options))
+            program = emit_translation_unit(
+                graph, extra_symbols, plan_kernels(graph, options), options.kernel_families
+            )
         self.program = program
         self.source = program.source
         start = time.perf_counter()
@@ -70,6 +72,8 @@ class CpuExecutable:
         ]
         self.param_names = program.param_names
         self.packed_params = program.packed_params if self.native.packs_weights else []
+        # C++ functions the calls run (kernel families share one: families.py)
+        self.compiled_functions = program.source.count(f"\n{KERNEL_MARK}\n")
 
     def watch_weights(self) -> None:
         """The caller watches ``packed_params`` for in-place changes (``weights_changed``)."""

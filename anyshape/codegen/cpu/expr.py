@@ -6,7 +6,10 @@ buffers it reads or writes as ``P[k]``, bound to restrict-qualified ``pk``, the 
 ``node`` at index vector ``idx`` (C++ expressions over loop variables), walking
 through fused producers and loading from materialized ones. Because kernels
 see only ``P``/``D``, identical loop nests (repeated layers) print identically
-and are emitted once.
+and are emitted once. A scope that ``generalizes`` writes each static size of
+``FAMILY_MIN`` or more as a run-time integer too, so loop nests that differ only
+in such sizes (ResNet's blocks at 64 to 2048 channels) print identically as well
+(``families`` then writes back the sizes every call shares).
 
 Reads stay in bounds even under selects that discard them: pad, concatenate and
 gather clamp the index they read with, and every buffer has at least one
@@ -25,6 +28,10 @@ from ...schedule.plan import Schedule
 from ...schedule.variants import ONE, SAME, broadcast_dim
 from .ctypes_map import c_type, compute_type, literal, rounded
 from .loop_ir import const
+
+# Static sizes from this one up are run-time integers in a generalizing scope; smaller
+# ones (kernel windows, strides, short rows) stay literals the compiler unrolls on.
+FAMILY_MIN = 16
 
 UNARY = {
     "neg": "(-{0})",
@@ -96,6 +103,7 @@ class KernelScope:
         self.counter = 0
         self.element_cost = 1  # relative work per element (kernels.element_cost)
         self.needs_error_flag = False
+        self.generalize = False  # static sizes >= FAMILY_MIN as run-time integers too
         # Speculation: a dim that may broadcast at run time (size 1) costs a select per
         # index; the no-broadcast variant assumes the plan's sizes are not 1.
         self.speculate = False
@@ -123,7 +131,9 @@ class KernelScope:
 
     def dim(self, d) -> str:
         d = as_dim(d)
-        return str(d) if isinstance(d, int) else self.integer(d)
+        if isinstance(d, int) and not (self.generalize and d >= FAMILY_MIN):
+            return str(d)
+        return self.integer(d)
 
     def stride(self, node: Node, i: int) -> str:
         """Element stride of dim ``i``: every buffer is contiguous (the runtime ensures it)."""

@@ -26,13 +26,29 @@ def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:
     return (inner, True) if inner is not None else (x, False)
 
 
+def dnnl_site(kind: str, geometry: list[str]) -> str:
+    """The declaration of ``dnnl_site``, the oneDNN call site of a kernel (an ``AsMatmulSite``
+    or ``AsConvSite``: primitives and packed weights) for ``geometry``: a static of the
+    kernel when every value is a literal, else its family's site for this call's values
+    (``as_site_for`` in dnnl.h)."""
+    if all(g.isdigit() for g in geometry):
+        return (
+            f"static {kind} dnnl_site = {{{', '.join(geometry)}, {{PTHREAD_MUTEX_INITIALIZER}}}};"
+        )
+    make = {"AsMatmulSite": "as_matmul_site", "AsConvSite": "as_conv_site"}[kind]
+    return (
+        "static AsSiteTable dnnl_sites = {PTHREAD_MUTEX_INITIALIZER, nullptr, 0};\n"
+        f"{kind}& dnnl_site = *{make}(&dnnl_sites, {', '.join(geometry)});"
+    )
+
+
 def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> Guarded:
     k, n = (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
     pa, pw, pc = scope.ptr(_operand(scope.sched, root.inputs[0])[0]), scope.ptr(w), scope.ptr(root)
     always = int(scope.sched.routes[id(root)].always)
+    geometry = [scope.dim(k), scope.dim(n), str(int(transposed)), str(always)]
     call = [
-        f"static AsMatmulSite dnnl_site = {{{k}, {n}, {int(transposed)}, {always}, "
-        "{PTHREAD_MUTEX_INITIALIZER}};",
+        *dnnl_site("AsMatmulSite", geometry).split("\n"),
         f"if (as_dnnl_matmul(&dnnl_site, (const float*){pa}, (const float*){pw}, (float*){pc}, "
         f"{scope.dim(root.shape[0])})) return 0;",
     ]

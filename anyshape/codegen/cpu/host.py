@@ -26,6 +26,7 @@ from ...schedule.memory import MemoryPlan
 from ...schedule.op_classes import SOURCE_OPS
 from ...schedule.plan import Schedule, describe_kernel
 from ...schedule.reads import members
+from .families import bind_family_constants
 from .kernels import Kernel, emit_kernel
 from .program import HOST_MARK, KERNEL_MARK, HostProgram
 from .routes import plan_kernels
@@ -73,14 +74,17 @@ _REASSOCIATE = '__attribute__((optimize("associative-math", "no-signed-zeros")))
 
 
 def emit_translation_unit(
-    graph: Graph, extra_symbols: list[str], sched: Schedule | None = None
+    graph: Graph, extra_symbols: list[str], sched: Schedule | None = None, families: bool = True
 ) -> HostProgram:
     """The translation unit for ``graph`` as planned by ``sched`` (default: the plan
-    for the options the environment sets)."""
+    for the options the environment sets); ``families``: kernels that differ only in
+    static sizes share one function (``families.py``)."""
     if sched is None:
         sched = plan_kernels(graph, Options.from_env())
     buffer_of = {id(n): k for k, n in enumerate(sched.materialized)}
-    kernels = [emit_kernel(sched, root, buffer_of) for root in sched.kernels]
+    kernels = [emit_kernel(sched, root, buffer_of, families) for root in sched.kernels]
+    if families:
+        kernels = bind_family_constants(kernels)
     names: dict[str, str] = {}
     for k in kernels:
         names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])

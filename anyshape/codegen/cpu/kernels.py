@@ -224,7 +224,11 @@ def _window_refusal(scope: KernelScope, root: Node) -> list:
     return [stmt(f"if ({' || '.join(conds)}) return 6;")] if conds else []
 
 
-def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kernel:
+def emit_kernel(
+    sched: Schedule, root: Node, buffer_of: dict[int, int], generalize: bool = False
+) -> Kernel:
+    """The kernel of ``root``; ``generalize``: its static sizes of ``FAMILY_MIN`` or more
+    as run-time integers too (a kernel family's text, see ``families.py``)."""
     tail = ""
     if id(root) in sched.stitches:
         scope = StitchScope(sched, buffer_of, root)
@@ -238,6 +242,7 @@ def emit_kernel(sched: Schedule, root: Node, buffer_of: dict[int, int]) -> Kerne
         def emit():
             return EMITTERS.get(root.op, _emit_pointwise)(scope, root)
 
+    scope.generalize = generalize
     scope.ptr(root)  # the output is P[0]
     scope.element_cost = element_cost(sched, root)
     refuse = _window_refusal(scope, root)
