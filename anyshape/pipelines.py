@@ -124,6 +124,11 @@ CPU_BACKEND = [
     ("routes", "anyshape.codegen.cpu.routes:plan_routes", "what oneDNN runs, from the options"),
     ("plan hooks", "anyshape.schedule.hooks:after_planning", "plan verifier; <graph>.plan dump"),
     ("emit", "anyshape.codegen.cpu.host:emit_translation_unit", "kernels, host program: C++"),
+    (
+        "families",
+        "anyshape.codegen.cpu.families:bind_family_constants",
+        "(in emit) kernels differing only in static sizes: one function",
+    ),
     ("build", "anyshape.codegen.cpu.build:build_library", "g++ for -march=native or an ISA"),
     ("load", "anyshape.runtime.native:NativeGraph", "dlopen; one native call per call"),
 ]
