@@ -109,6 +109,27 @@ def test_a_small_program_stays_one_unit():
     assert cpu_build.split_units(source, 4) == [source]
 
 
+def test_kernels_calling_one_helper_share_a_unit(monkeypatch):
+    """A unit compiles each runtime helper its kernels call (oneDNN's glue, the im2col
+    convolution, the BLAS GEMM) once: kernels calling the same helpers go together while
+    that keeps the units even, the rest balance the load."""
+    monkeypatch.setattr(cpu_build, "UNIT_CHARS", 1)
+
+    def kernel(name: str, body: str) -> str:
+        return f"{KERNEL_MARK}\nAS_KERNEL int {name}() {{ {body} }}\n"
+
+    gemms = [
+        kernel(f"k_g{k}", f"as_dnnl_matmul(&s{k}); as_gemm_batch<float>({k});") for k in range(3)
+    ]
+    loops = [kernel(f"k_l{k}", "x" * 3000) for k in range(4)]
+    source = "prelude\n" + "".join(gemms + loops) + HOST_MARK + "\nmain\n"
+    units = cpu_build.split_units(source, 2)
+    assert len(units) == 2
+    with_gemm = [u for u in units if "as_dnnl_matmul" in u]
+    assert len(with_gemm) == 1 and all(f"k_g{k}" in with_gemm[0] for k in range(3))
+    assert all(any(f"k_l{k}" in u for u in units) for k in range(4))
+
+
 def test_a_unit_the_compiler_rejects_is_kept_and_named(tmp_path):
     source = "int ok() { return 0; }\nint broken( {\n"
     with pytest.raises(BuildError, match="source kept at") as e:

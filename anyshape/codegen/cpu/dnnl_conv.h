@@ -21,7 +21,7 @@ struct AsConvShape {
   int64_t last_use, users;
 };
 
-static void as_conv_shape_free(AsConvShape* e) {
+AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
   if (e->conv) dnnl_primitive_destroy(e->conv);
   if (e->to_conv) dnnl_primitive_destroy(e->to_conv);
   if (e->from_conv) dnnl_primitive_destroy(e->from_conv);
@@ -41,7 +41,7 @@ struct AsConvSite {
   bool broken;  // oneDNN refused this geometry: the caller's own path runs instead
 };
 
-static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConvShape* e) {
+AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConvShape* e) {
   memset(e, 0, sizeof(*e));
   e->h = h;
   e->w = w;
@@ -102,7 +102,7 @@ static dnnl_memory_desc_t as_conv_plain_weights(const AsConvSite* s) {
 }
 
 // OIHW weights `plain` reordered into `packed` (layout `md`).
-static bool as_conv_pack(const AsConvSite* s, const float* plain, const_dnnl_memory_desc_t md,
+AS_SETUP static bool as_conv_pack(const AsConvSite* s, const float* plain, const_dnnl_memory_desc_t md,
                          float* packed) {
   dnnl_memory_desc_t plain_md = as_conv_plain_weights(s);
   const bool ok = plain_md && as_dnnl_pack(plain_md, plain, md, packed);

@@ -55,7 +55,7 @@ static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols) {
                                                                                         : nullptr;
 }
 
-static bool as_matmul_make(AsMatmulSite* s) {
+AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
   dnnl_dims_t wdims = {s->k, s->n};
   dnnl_dims_t wstrides = {s->transposed ? 1 : s->n, s->transposed ? s->k : 1};
   dnnl_memory_desc_t src = as_rows_md(AS_DNNL_RUNTIME_DIM, s->k);
