@@ -9,6 +9,9 @@ included) against eager and checks what ``explain()`` says.
 """
 
 import copy
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -238,3 +241,23 @@ def test_dynamo_failure_runs_the_model_eagerly_with_reason():
     text = _explained(compiled)
     assert "whole model runs in PyTorch eager: TorchDynamo failed" in text
     assert "InternalTorchDynamoError: tracer lost its frame" in text
+
+
+def test_an_idle_transformers_import_is_not_loaded_further(tmp_path):
+    """A model that is not transformers' compiles without loading transformers' models or
+    caches (about 0.9 s) just because ``import transformers`` ran: a fresh process."""
+    script = (
+        "import sys, torch, transformers, anyshape\n"
+        "m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()\n"
+        "opt = anyshape.optimize(m, (torch.randn(2, 4),))\n"
+        "x = torch.randn(5, 4)\n"
+        "assert torch.allclose(opt(x), m(x), atol=1e-5)\n"
+        "print(sorted(k for k in ('transformers.cache_utils', 'transformers.modeling_utils')"
+        " if k in sys.modules))\n"
+    )
+    env = {**os.environ, "ANYSHAPE_CACHE_DIR": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"
