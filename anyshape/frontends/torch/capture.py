@@ -32,6 +32,7 @@ from ...ir.constraints import Guard
 from ...ir.symbolic import as_expr, format_dim
 from .fake_cache_off import fake_tensor_cache_off
 from .fresh_writes import rewrite_fresh_writes
+from .lean_metadata import lean_tensor_metadata
 from .size_rewrites import register_size_rewrites
 from .symbols import sympy_to_expr, to_dim
 from .traced_forms import restore_traced_forms, traced_forms
@@ -263,6 +264,7 @@ def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool 
             _quiet_specialization_log(ours),
             traced_forms(opaque=not grad),
             fake_tensor_cache_off(),
+            lean_tensor_metadata() if not grad else contextlib.nullcontext(),
         ):
             ep = torch.export.export(
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 
 import torch
+
+from .swaps import on_capturing_thread, swapped
 
 __all__ = [
     "max_pool1d_as_2d",
@@ -80,48 +81,11 @@ def _(x):
 _RELU_OPAQUE = torch.ops.anyshape.relu_opaque.default
 
 
-_capturing = threading.local()  # .depth: {name: captures on this thread swapping it}
-_swap_lock = threading.Lock()
-_installed: dict[str, tuple[object, int]] = {}  # name -> (torch's function, swaps using it)
-
-
-def _on_capturing_thread(name: str) -> bool:
-    return _depths().get(name, 0) > 0
-
-
-def _depths() -> dict[str, int]:
-    if not hasattr(_capturing, "depth"):
-        _capturing.depth = {}
-    return _capturing.depth
-
-
-@contextlib.contextmanager
 def _swapped(name: str, make):
-    """``F.<name>`` replaced by ``make(torch's function)`` while any capture runs: the
-    first capture installs it and the last one, whichever thread finishes last, puts
-    torch's function back. The replacement takes its traced form only on a thread
-    inside a capture that swapped it (``_on_capturing_thread``)."""
+    """``F.<name>`` replaced by ``make(torch's function)`` while any capture runs (``swaps``)."""
     import torch.nn.functional as F
 
-    with _swap_lock:
-        original, count = _installed.get(name, (None, 0))
-        if count == 0:
-            original = getattr(F, name)
-            setattr(F, name, make(original))
-        _installed[name] = (original, count + 1)
-    depths = _depths()
-    depths[name] = depths.get(name, 0) + 1
-    try:
-        yield
-    finally:
-        depths[name] -= 1
-        with _swap_lock:
-            original, count = _installed[name]
-            if count == 1:
-                setattr(F, name, original)
-                del _installed[name]
-            else:
-                _installed[name] = (original, count - 1)
+    return swapped(F, name, make)
 
 
 @contextlib.contextmanager
@@ -144,7 +108,7 @@ def opaque_relu():
         def relu(input, inplace=False):
             if (
                 inplace
-                or not _on_capturing_thread("relu")
+                or not on_capturing_thread("relu")
                 or torch.is_grad_enabled()
                 or not isinstance(input, torch.Tensor)
                 or torch.overrides.has_torch_function_unary(input)
@@ -167,7 +131,7 @@ def opaque_batch_norm():
                        training=False, momentum=0.1, eps=1e-5):  # fmt: skip
             plain = (
                 not training
-                and _on_capturing_thread("batch_norm")
+                and on_capturing_thread("batch_norm")
                 and not torch.is_grad_enabled()  # (the op has no derivative)
                 and momentum is not None
                 and isinstance(input, torch.Tensor)
@@ -223,7 +187,7 @@ def _max_pool1d(original, input, kernel_size, stride=None, padding=0, dilation=1
     x = input
     if (
         return_indices
-        or not _on_capturing_thread("max_pool1d")
+        or not on_capturing_thread("max_pool1d")
         or not isinstance(x, torch.Tensor)
         or x.dim() not in (2, 3)
     ):
