@@ -373,11 +373,13 @@ def optimize(
     training mode; dropout is compiled): the returned module's outputs carry
     gradients to the model's own parameters (``plugin/training.py``).
     """
+    from .codegen.registry import backend_named
     from .plugin import model_cache
     from .plugin.pytree_types import register_model_types
 
     register_model_types(model)  # (before the model cache: restored outputs may hold them)
     opts = Options.from_env(**options)
+    backend_named(opts.backend).warm_up(opts)  # (one-time library work, on a free core)
     if training:
         from .plugin.pytree_types import exportable_caches
         from .plugin.training import optimize_for_training

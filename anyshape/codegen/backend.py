@@ -68,6 +68,10 @@ class Backend:
         for this process (``target`` None) or an artifact's target."""
         return ()
 
+    def warm_up(self, options: Options) -> None:
+        """Start, in the background, one-time work of this process that the first compiled
+        call would otherwise do (a compile calls it first; default: nothing)."""
+
     def compile(
         self, graph: Graph, extra_symbols: list[str], options: Options, saved: dict | None = None
     ) -> Executable:

@@ -122,6 +122,27 @@ def _tensor_type(text: str) -> TensorType:
     return t
 
 
+# ``  %12 = op(%a, %b) {k=v, ...} : f32[s0, 768]``: name, op, operands, attributes, type.
+_NODE_LINE = re.compile(
+    r"\s*%([\w.]+) = ([\w.]+)(?:\(((?:%[\w.]+(?:, )?)*)\))?(?: \{(.*)\})? : "
+    r"([\w.]+\[[^\[\]]*\])\s*$"
+)
+
+
+@functools.lru_cache(maxsize=8192)
+def _attrs(text: str) -> tuple:
+    """The sorted attribute items of ``{text}`` (a model's attributes repeat)."""
+    c = _Cursor(text)
+    attrs = {}
+    while c.pos < len(text) and text[c.pos :].strip():
+        key = c.ident()
+        c.expect("=")
+        attrs[key] = c.value()
+        if c.startswith(","):
+            c.expect(",")
+    return tuple(sorted(attrs.items()))
+
+
 def _parse_fact(line: str, store: ConstraintStore) -> None:
     kind, _, rest = line.partition(" ")
     if kind == "range":
@@ -182,6 +203,13 @@ def parse_graph(text: str, params: dict[str, np.ndarray] | None = None) -> Graph
             _parse_fact(lines[i].strip(), store)
             i += 1
     for line in lines[i:]:
+        m = _NODE_LINE.match(line)
+        if m:  # the common form, in one match; attributes and types parsed once per text
+            vname, op, args, attrs_text, type_text = m.groups()
+            operands = [values[a.strip().lstrip("%")] for a in args.split(",")] if args else []
+            attrs = _attrs(attrs_text) if attrs_text is not None else ()
+            values[vname] = Node(op, tuple(operands), attrs, _tensor_type(type_text))
+            continue
         c = _Cursor(line)
         if c.startswith("}"):
             break

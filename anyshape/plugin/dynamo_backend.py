@@ -24,6 +24,7 @@ import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
 
+from ..codegen.registry import backend_named
 from ..config import Options
 from ..stats import bump
 from .compile import compile_graph
@@ -121,6 +122,7 @@ def partition_fn(options: Options):
 def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | None = None):
     """Compile a Dynamo graph with anyshape; ``options`` as for ``anyshape.optimize``."""
     opts = Options.from_env(**(options or {}))
+    backend_named(opts.backend).warm_up(opts)  # (one-time library work, on a free core)
     inner = aot_autograd(
         fw_compiler=_make_forward_compiler(opts),
         bw_compiler=_make_backward_compiler(opts),

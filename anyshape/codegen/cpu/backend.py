@@ -31,6 +31,13 @@ class CpuBackend(Backend):
         wanted = CpuSettings.from_options(options).dnnl_conv == "channels_last"
         return ("channels_last",) if wanted and target is None and links_onednn(options) else ()
 
+    def warm_up(self, options: Options) -> None:
+        """oneDNN's GEMM kernels generated on a free core while the compile runs
+        (``onednn_warm_up``)."""
+        from .onednn_warm_up import warm_up
+
+        warm_up(options)
+
     def compile(
         self, graph: Graph, extra_symbols: list[str], options: Options, saved: dict | None = None
     ) -> CpuExecutable:
