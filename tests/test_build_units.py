@@ -130,6 +130,20 @@ def test_kernels_calling_one_helper_share_a_unit(monkeypatch):
     assert all(any(f"k_l{k}" in u for u in units) for k in range(4))
 
 
+def test_no_unit_is_left_without_kernels(monkeypatch):
+    """Kernels gathered onto the unit that compiles their helpers leave no unit holding
+    the prelude alone (a compiler run for nothing)."""
+    monkeypatch.setattr(cpu_build, "UNIT_CHARS", 1)
+    kernels = "".join(
+        f"{KERNEL_MARK}\nAS_KERNEL int k_m{k}() {{ as_dnnl_matmul(&s); {'x' * 5000} }}\n"
+        for k in range(6)
+    )
+    source = "prelude\n" + kernels + HOST_MARK + "\n" + "m" * 600_000 + "\n"
+    units = cpu_build.split_units(source, 4)
+    assert all("AS_KERNEL int k_m" in u for u in units if "#define AS_HOST_UNIT" not in u)
+    assert sum(u.count("AS_KERNEL int k_m") for u in units) == 6
+
+
 def test_a_unit_the_compiler_rejects_is_kept_and_named(tmp_path):
     source = "int ok() { return 0; }\nint broken( {\n"
     with pytest.raises(BuildError, match="source kept at") as e:

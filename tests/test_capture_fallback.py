@@ -246,6 +246,7 @@ def test_dynamo_failure_runs_the_model_eagerly_with_reason():
 def test_an_idle_transformers_import_is_not_loaded_further(tmp_path):
     """A model that is not transformers' compiles without loading transformers' models or
     caches (about 0.9 s) just because ``import transformers`` ran: a fresh process."""
+    pytest.importorskip("transformers")
     script = (
         "import sys, torch, transformers, anyshape\n"
         "m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()).eval()\n"

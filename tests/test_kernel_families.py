@@ -41,6 +41,12 @@ def test_shared_sizes_become_constants_and_the_rest_stay_per_call():
     assert "const int64_t D_0 = INT64_C(256);" in bound[2].body
     assert "const int64_t D_1 = INT64_C(512);" in bound[2].body and bound[2].ints == []
     assert family_count(bound) == 2
+    # A size passed per call after a shared one is read from its new place.
+    c, d = _kernel(uses, [64, s, 32]), _kernel(uses, [64, 128, 32])
+    e, f = bind_family_constants([c, d])
+    assert "const int64_t D_0 = INT64_C(64);" in e.body and "const int64_t D_1 = D[0];" in e.body
+    assert "const int64_t D_2 = INT64_C(32);" in e.body and e.body == f.body
+    assert e.ints == [s] and f.ints == [128]
 
 
 class Tower(torch.nn.Module):

@@ -51,3 +51,16 @@ def test_the_gemm_itself_runs_in_a_fresh_process():
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("ok")
+
+
+def test_a_process_leaving_at_once_exits_cleanly():
+    """Exiting while the thread is inside oneDNN crashed oneDNN's teardown (status 139):
+    the exit waits for the GEMM."""
+    script = (
+        "from anyshape.codegen.cpu import onednn_warm_up\n"
+        "from anyshape.config import Options\n"
+        "onednn_warm_up.warm_up(Options())\n"
+    )
+    for _ in range(5):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-2000:]

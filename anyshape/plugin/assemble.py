@@ -114,6 +114,5 @@ def assemble(
                 and (checked is None or n.name in checked)
             )
             new.call_function(prologue, tensors)
-    gm.graph = new
-    gm.recompile()
+    gm.graph = new  # (torch's setter regenerates the module's Python)
     return gm

@@ -157,7 +157,11 @@ def split_units(source: str, jobs: int) -> list[str]:
         helpers[k] |= calls[i]
     shares[0].append(f"{HOST_MARK}\n{host}")
     defines = ["#define AS_HOST_UNIT\n"] + [""] * (parts - 1)
-    return [f"#define AS_SPLIT_UNIT\n{d}{common}\n" + "\n".join(s) for d, s in zip(defines, shares)]
+    return [
+        f"#define AS_SPLIT_UNIT\n{d}{common}\n" + "\n".join(s)
+        for d, s in zip(defines, shares)
+        if s  # (a unit the helpers left without kernels would compile the prelude alone)
+    ]
 
 
 def links_onednn(options: Options) -> bool:

@@ -295,9 +295,11 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
 // (the first fields of every site struct), made zeroed on its first call and kept for the
 // library's life, as a kernel's own static site is. The lookup holds the table's lock
 // only while it scans a few entries. Never null: out of memory, a site marked broken (the
-// caller's BLAS or im2col path runs). Not inlined: inlined into a kernel whose geometry
-// is constant, GCC 12's points-to analysis at -O3 made GPT-2's attention projection return
-// wrong values (right at -O0, or with -fno-tree-pta); a call costs nothing beside a GEMM.
+// caller's BLAS or im2col path runs). Kept out of every interprocedural optimization
+// (noipa, also on the two wrappers): inlined into a kernel whose geometry is constant, or
+// specialized for it, GCC 12's points-to analysis at -O3 folded the geometry's copy into
+// the new site wrongly (GPT-2's attention projection gave wrong values; right at -O0 or
+// with -fno-tree-pta). A call costs nothing beside a GEMM.
 struct AsSiteTable {
   pthread_mutex_t mu;
   void** sites;
@@ -305,7 +307,7 @@ struct AsSiteTable {
 };
 
 template <class Site>
-__attribute__((noinline)) static Site* as_site_for(AsSiteTable* t, const int64_t* geometry, int64_t words) {
+__attribute__((noipa)) static Site* as_site_for(AsSiteTable* t, const int64_t* geometry, int64_t words) {
   pthread_mutex_lock(&t->mu);
   Site* hit = nullptr;
   for (int64_t i = 0; i < t->count && !hit; ++i)

@@ -193,7 +193,7 @@ static bool as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float*
 }
 
 // The site of a family's kernel for one convolution geometry (see as_site_for).
-static AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o, int64_t kh, int64_t kw,
+__attribute__((noipa)) static AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o, int64_t kh, int64_t kw,
                                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
                                 int64_t dw, int64_t nhwc) {
   const int64_t geometry[11] = {c, o, kh, kw, sh, sw, ph, pw, dh, dw, nhwc};

@@ -115,7 +115,7 @@ static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, floa
 }
 
 // The site of a family's kernel for a [k, n] weight (see as_site_for).
-static AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n, int64_t transposed,
+__attribute__((noipa)) static AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n, int64_t transposed,
                                     int64_t always) {
   const int64_t geometry[4] = {k, n, transposed, always};
   return as_site_for<AsMatmulSite>(t, geometry, 4);

@@ -12,6 +12,7 @@ fails there is left to the compiled model's first GEMM, which does the same work
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import threading
 from pathlib import Path
@@ -37,7 +38,13 @@ def warm_up(options: Options) -> threading.Thread | None:
             return None
         _started = True
     thread = threading.Thread(target=_run_gemm, args=(Path(lib_dir) / "libdnnl.so.3",), daemon=True)
-    thread.start()
+    try:
+        thread.start()
+    except RuntimeError:  # (no thread to be had: the first GEMM does the work)
+        return None
+    # A process leaving while the thread is inside oneDNN crashed in its teardown
+    # (exit status 139): exits wait for the GEMM (tens of ms) first.
+    atexit.register(thread.join, 5)
     return thread
 
 
