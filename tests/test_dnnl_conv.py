@@ -194,10 +194,11 @@ def _lib(opt):
 
 @pytest.mark.parametrize("cin, cout", [(48, 40), (16, 64)])
 def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
-    """A channels-last 1x1 convolution is a GEMM of each image's pixels by the weight:
+    """A channels-last 1x1 convolution is one GEMM of the batch's pixels by the weight:
     oneDNN's matmul runs it where ``as_matmul_pays`` says it beats the BLAS path at that
-    pixel count on the ISA oneDNN runs (the rule of linear layers: with AVX-512 from 4
-    pixels, with AVX2 from 4 to 127 on weights at most 3x wider than deep), else BLAS."""
+    row count (N x H x W) on the ISA oneDNN runs (the rule of linear layers: with AVX-512
+    from 4 rows, with AVX2 from 4 to 127 on weights at most 3x wider than deep), else
+    BLAS."""
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1), torch.nn.ReLU()).eval()
     opt = anyshape.optimize(model, (torch.randn(2, cin, 6, 5),), backend="cpu")
@@ -208,13 +209,50 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     wide = cout > 3 * cin
     with torch.no_grad():
         for (h, w), on_avx512, on_avx2 in [
-            ((1, 3), 0, 0),
-            ((2, 2), 1, 1),
-            ((8, 15), 1, 1),
-            ((8, 16), 1, 0),
+            ((1, 1), 0, 0),  # 2 rows
+            ((2, 2), 1, 1),  # 8 rows
+            ((8, 7), 1, 1),  # 112 rows
+            ((8, 8), 1, 0),  # 128 rows
         ]:
             x = torch.randn(2, cin, h, w)
             before = runs()
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
             want = on_avx512 if avx512 else on_avx2 and not wide
-            assert runs() - before == 2 * want, ((h, w), avx512)  # both images, or neither
+            assert runs() - before == want, ((h, w), avx512)  # one GEMM for the batch
+
+
+@pytest.mark.parametrize("route", [{"dnnl_matmul": "always"}, {"dnnl_conv": "off"}])
+def test_a_1x1_convolution_is_one_gemm_for_the_batch_then_each_images_epilogue(route):
+    """The batch's pixels are one GEMM's rows (the weight read once per call, not once per
+    image), then each image's epilogue (batch norm and ReLU) runs: right for
+    empty batches, one-pixel images and batches of one and five."""
+    torch.manual_seed(5)
+
+    class Bottleneck(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(12, 12, 1, bias=False)
+            self.bn = torch.nn.BatchNorm2d(12)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.next = torch.nn.Conv2d(12, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.next(torch.relu(self.bn(self.conv(x))))
+
+    model = Bottleneck().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 12, 6, 5),), backend="cpu", **route)
+    descs = opt.report.clusters[0].compiled.native.kernel_descriptions
+    assert "+ epilogue" in [d for d in descs if "convolution" in d][0], descs
+    if "dnnl_conv" in route:  # no oneDNN call in the build
+        assert "as_dnnl_matmul(" not in _source(opt)
+        runs = lambda: 0  # noqa: E731
+    else:
+        runs = _lib(opt).anyshape_dnnl_matmul_runs
+        runs.restype = ctypes.c_int64
+    with torch.no_grad():
+        for shape in [(0, 12, 4, 4), (1, 12, 1, 1), (5, 12, 3, 7), (1, 12, 9, 2)]:
+            x = torch.randn(*shape)
+            before = runs()
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            want = int("dnnl_matmul" in route and shape[0] > 0)  # BLAS with dnnl_conv="off"
+            assert runs() - before == want, shape

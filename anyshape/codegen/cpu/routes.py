@@ -23,8 +23,8 @@ not see whether the oneDNN package is installed).
   GEMM on the activations in place: oneDNN's reorders cost more than it saves);
   ``dnnl_conv="all"`` sends those too, ``"off"`` keeps im2col + GEMM. A channels-
   last 1x1 convolution with unit stride and no padding runs as oneDNN's matmul
-  over the pixels, whose one primitive serves every image size, where it beats
-  the BLAS path at the image's pixel count (the linear layers' rule: with AVX2,
+  over the batch's pixels (one GEMM per call), whose one primitive serves every
+  batch and image size, where it beats the BLAS path at that row count (the linear layers' rule: with AVX2,
   ResNet-50's wide 1x1 layers at 144 pixels ran at 143-160 GFLOP/s through the
   matmul against 230-240 through OpenBLAS).
 """
