@@ -256,3 +256,56 @@ def test_a_1x1_convolution_is_one_gemm_for_the_batch_then_each_images_epilogue(r
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
             want = int("dnnl_matmul" in route and shape[0] > 0)  # BLAS with dnnl_conv="off"
             assert runs() - before == want, shape
+
+
+HARNESS = r"""
+extern "C" int refusals() {
+  // A 4 -> 4 channel 3x3 convolution, channels last; sizes of -3 rows oneDNN refuses.
+  static float w[4 * 4 * 9];
+  for (int k = 0; k < 4 * 4 * 9; ++k) w[k] = 0.01f * k;
+  static AsConvSite site = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, {PTHREAD_MUTEX_INITIALIZER}};
+  const float* packed = nullptr;
+  int failed = 0;
+  auto take = [&](int64_t h, int64_t wd) {
+    AsConvShape* e = as_conv_acquire(&site, h, wd, w, &packed);
+    if (e) as_conv_release(&site, e);
+    return e != nullptr;
+  };
+  auto refused = [&]() {
+    int n = 0;
+    for (const AsConvShape& e : site.shapes) n += e.refused;
+    return n;
+  };
+  if (!take(8, 8)) failed |= 1;                   // a size oneDNN runs
+  if (take(-3, 8)) failed |= 2;                   // one it refuses...
+  if (site.broken || refused() != 1) failed |= 4;  // ...refuses that size alone
+  if (!take(8, 8) || !take(5, 7)) failed |= 8;    // the others still run on oneDNN
+  if (take(-3, 8) || refused() != 1) failed |= 16;  // asked again: remembered, not retried
+  // A geometry refused at its first size is refused as a whole.
+  static AsConvSite first = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, {PTHREAD_MUTEX_INITIALIZER}};
+  if (as_conv_acquire(&first, -3, 8, w, &packed) || !first.broken) failed |= 32;
+  return failed;
+}
+"""
+
+
+def test_a_size_onednn_refuses_falls_back_alone(tmp_path):
+    """A convolution site whose primitive oneDNN refuses for one input size runs that
+    size on im2col + GEMM and keeps oneDNN for every other size; a geometry refused at
+    its first size is refused as a whole (its calls stop asking)."""
+    import subprocess
+    from importlib import resources
+
+    from anyshape.codegen.cpu import build
+    from anyshape.native_build import with_abi_header
+
+    here = resources.files("anyshape.codegen.cpu")
+    headers = [
+        here.joinpath(h).read_text() for h in ("prelude.h", "vmath.h", "dnnl.h", "dnnl_conv.h")
+    ]
+    source = tmp_path / "refusals.cpp"
+    source.write_text(with_abi_header("\n".join(headers)) + HARNESS)
+    flags = build.FLAGS + build.blas_flags() + build.small_gemm_flags("onednn")  # (ANYSHAPE_DNNL)
+    lib = tmp_path / "refusals.so"
+    subprocess.run(["g++", str(source), "-o", str(lib), *flags], check=True)
+    assert ctypes.CDLL(str(lib)).refusals() == 0

@@ -19,6 +19,7 @@ struct AsConvShape {
   dnnl_memory_desc_t src_plain, dst_plain, src, weights, dst, scratch;
   int64_t src_bytes, dst_bytes, scratch_bytes;
   int64_t last_use, users;
+  bool refused;  // oneDNN made no primitive for this size (conv is null): its calls fall back
 };
 
 AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
@@ -38,7 +39,8 @@ struct AsConvSite {
   AsWeightsCache weights;
   AsConvShape shapes[AS_CONV_SHAPES];
   int64_t clock;
-  bool broken;  // oneDNN refused this geometry: the caller's own path runs instead
+  bool made_one;  // a primitive was made for some size: a later refusal is that size's alone
+  bool broken;    // oneDNN refused this geometry: the caller's own path runs instead
 };
 
 AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConvShape* e) {
@@ -117,16 +119,31 @@ static AsConvShape* as_conv_acquire(AsConvSite* s, int64_t h, int64_t w, const f
   as_cache_list(&s->weights);
   AsConvShape* hit = nullptr;
   AsConvShape* victim = nullptr;
-  for (int k = 0; k < AS_CONV_SHAPES && !hit; ++k) {
+  bool refused = false;
+  for (int k = 0; k < AS_CONV_SHAPES && !hit && !refused; ++k) {
     AsConvShape* e = &s->shapes[k];
-    if (e->conv && e->h == h && e->w == w) hit = e;
-    else if (!e->users && (!victim || !e->conv || (victim->conv && e->last_use < victim->last_use)))
+    const bool used = e->conv || e->refused;
+    if (used && e->h == h && e->w == w) {
+      if (e->conv) hit = e;
+      else refused = true;
+      e->last_use = ++s->clock;
+    } else if (!e->users && (!victim || !used || ((victim->conv || victim->refused) && e->last_use < victim->last_use))) {
       victim = e;
+    }
   }
-  if (!hit && victim && !s->broken) {
-    if (victim->conv) as_conv_shape_free(victim);
-    if (as_conv_shape_make(s, h, w, victim)) hit = victim;
-    else s->broken = true;
+  if (!hit && !refused && victim && !s->broken) {
+    if (victim->conv || victim->refused) as_conv_shape_free(victim);
+    if (as_conv_shape_make(s, h, w, victim)) {
+      hit = victim;
+      s->made_one = true;
+    } else if (s->made_one) {  // this size only (as_conv_shape_make left it cleared)
+      victim->refused = true;
+      victim->h = h;
+      victim->w = w;
+      victim->last_use = ++s->clock;
+    } else {
+      s->broken = true;
+    }
   }
   if (hit) {
     dnnl_memory_desc_t plain_md = as_conv_plain_weights(s);

@@ -54,8 +54,3 @@ def bind_family_constants(kernels: list[Kernel]) -> list[Kernel]:
 def _read(slot: int, index: int) -> str:
     """The line of a kernel's head that reads size ``D_slot`` from ``D[index]``."""
     return f"const int64_t D_{slot} = D[{index}];"
-
-
-def family_count(kernels: list[Kernel]) -> int:
-    """How many C++ functions ``kernels`` compile to."""
-    return len({k.body for k in kernels})

@@ -23,7 +23,7 @@ def lean_tensor_metadata():
 
     def make(original):
         def extract(result, include_contiguity: bool = True):
-            lean = on_capturing_thread("_extract_tensor_metadata")
+            lean = on_capturing_thread(proxy_tensor, "_extract_tensor_metadata")
             return original(result, include_contiguity=include_contiguity and not lean)
 
         return extract

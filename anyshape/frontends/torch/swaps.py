@@ -14,17 +14,17 @@ from __future__ import annotations
 import contextlib
 import threading
 
-_capturing = threading.local()  # .depth: {name: captures on this thread swapping it}
+_capturing = threading.local()  # .depth: {(id(owner), name): captures on this thread swapping it}
 _swap_lock = threading.Lock()
 _installed: dict[tuple[int, str], tuple[object, int]] = {}  # -> (torch's object, swaps)
 
 
-def on_capturing_thread(name: str) -> bool:
-    """Whether this thread is inside a capture that swapped ``name``."""
-    return _depths().get(name, 0) > 0
+def on_capturing_thread(owner, name: str) -> bool:
+    """Whether this thread is inside a capture that swapped ``owner.<name>``."""
+    return _depths().get((id(owner), name), 0) > 0
 
 
-def _depths() -> dict[str, int]:
+def _depths() -> dict[tuple[int, str], int]:
     if not hasattr(_capturing, "depth"):
         _capturing.depth = {}
     return _capturing.depth
@@ -34,7 +34,7 @@ def _depths() -> dict[str, int]:
 def swapped(owner, name: str, make):
     """``owner.<name>`` replaced by ``make(torch's object)`` while any capture runs (the
     first capture installs it, the last one to end puts torch's object back); the body's
-    thread counts as capturing ``name``."""
+    thread counts as capturing ``owner.<name>``."""
     key = (id(owner), name)
     with _swap_lock:
         original, count = _installed.get(key, (None, 0))
@@ -43,11 +43,11 @@ def swapped(owner, name: str, make):
             setattr(owner, name, make(original))
         _installed[key] = (original, count + 1)
     depths = _depths()
-    depths[name] = depths.get(name, 0) + 1
+    depths[key] = depths.get(key, 0) + 1
     try:
         yield
     finally:
-        depths[name] -= 1
+        depths[key] -= 1
         with _swap_lock:
             original, count = _installed[key]
             if count == 1:

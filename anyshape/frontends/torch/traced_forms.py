@@ -26,6 +26,7 @@ import contextlib
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from .swaps import on_capturing_thread, swapped
 
@@ -83,8 +84,6 @@ _RELU_OPAQUE = torch.ops.anyshape.relu_opaque.default
 
 def _swapped(name: str, make):
     """``F.<name>`` replaced by ``make(torch's function)`` while any capture runs (``swaps``)."""
-    import torch.nn.functional as F
-
     return swapped(F, name, make)
 
 
@@ -108,7 +107,7 @@ def opaque_relu():
         def relu(input, inplace=False):
             if (
                 inplace
-                or not on_capturing_thread("relu")
+                or not on_capturing_thread(F, "relu")
                 or torch.is_grad_enabled()
                 or not isinstance(input, torch.Tensor)
                 or torch.overrides.has_torch_function_unary(input)
@@ -131,7 +130,7 @@ def opaque_batch_norm():
                        training=False, momentum=0.1, eps=1e-5):  # fmt: skip
             plain = (
                 not training
-                and on_capturing_thread("batch_norm")
+                and on_capturing_thread(F, "batch_norm")
                 and not torch.is_grad_enabled()  # (the op has no derivative)
                 and momentum is not None
                 and isinstance(input, torch.Tensor)
@@ -182,12 +181,10 @@ def max_pool1d_as_2d():
 
 def _max_pool1d(original, input, kernel_size, stride=None, padding=0, dilation=1,
                 ceil_mode=False, return_indices=False):  # fmt: skip
-    import torch.nn.functional as F
-
     x = input
     if (
         return_indices
-        or not on_capturing_thread("max_pool1d")
+        or not on_capturing_thread(F, "max_pool1d")
         or not isinstance(x, torch.Tensor)
         or x.dim() not in (2, 3)
     ):
