@@ -93,11 +93,15 @@ def build_library(
     )
 
 
-# Compile work per unit, in characters of kernel text: each unit parses the prelude again
-# and runs its own compiler (about 0.13 s), so a split pays from about twice that. BERT-base:
-# 22 distinct kernels in 37 k characters took 0.80 s beyond the prelude, its 105 k character
-# host function (built at -O0, about a tenth the work per character) 0.19 s.
-UNIT_CHARS = 20_000
+# Compile work per unit, in characters of kernel text (about 22 us each at -O3): each unit
+# parses the prelude again and runs its own compiler, 0.04 s for the prelude alone (what a
+# unit does not call is not compiled), so a split pays from a few thousand characters.
+# Measured with two units against one (AVX-512 Zen 5, counting the helpers below): one
+# BertLayer, 22 k characters, 0.60 -> 0.33 s; BERT-base and ResNet-50, 48 k, 1.05 -> 0.58 s
+# and 0.96 -> 0.56 s; T5-small, 80 k, 1.67 -> 0.90 s; a lone softmax kernel and the host
+# function, 7 k, 0.27 -> 0.22 s. (The host function: BERT-base's 105 k characters, built
+# at -O0, about a tenth the work per character, 0.19 s.)
+UNIT_CHARS = 2_000
 HOST_WORK = 0.1  # compile work per character of the host function, against a kernel's
 # Runtime helpers a kernel may call, with the work a unit pays once to compile each, in
 # characters of kernel work (about 22 us each at -O3): measured alone on top of the
@@ -129,16 +133,16 @@ def split_units(source: str, jobs: int) -> list[str]:
     head, _, host = source.partition(f"\n{HOST_MARK}\n")
     common, *kernels = head.split(f"\n{KERNEL_MARK}\n")
     host_work = int(len(host) * HOST_WORK)
-    work_units = (sum(map(len, kernels)) + host_work) // UNIT_CHARS
-    parts = max(1, min(jobs, work_units, len(kernels) + 1))
+    calls = [frozenset(h for h in HELPER_WORK if h in k) for k in kernels]
+    every = set().union(*calls)
+    work = host_work + sum(map(len, kernels)) + sum(HELPER_WORK[h] for h in every)
+    parts = max(1, min(jobs, work // UNIT_CHARS, len(kernels) + 1))
     if parts == 1:
         return [source]
     # Largest first (counting the helpers it calls) onto a unit that already compiles
     # its helpers while that unit stays within an even share, else onto the unit where it
     # ends least loaded; unit 0 also holds the host function.
-    calls = [frozenset(h for h in HELPER_WORK if h in k) for k in kernels]
-    every = set().union(*calls)
-    share = (host_work + sum(map(len, kernels)) + sum(HELPER_WORK[h] for h in every)) / parts
+    share = work / parts
     shares: list[list[str]] = [[] for _ in range(parts)]
     load = [host_work] + [0] * (parts - 1)
     helpers: list[set[str]] = [set() for _ in range(parts)]
