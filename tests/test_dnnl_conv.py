@@ -263,7 +263,7 @@ extern "C" int refusals() {
   // A 4 -> 4 channel 3x3 convolution, channels last; sizes of -3 rows oneDNN refuses.
   static float w[4 * 4 * 9];
   for (int k = 0; k < 4 * 4 * 9; ++k) w[k] = 0.01f * k;
-  static AsConvSite site = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, {PTHREAD_MUTEX_INITIALIZER}};
+  static AsConvSite site = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, {PTHREAD_MUTEX_INITIALIZER}};
   const float* packed = nullptr;
   int failed = 0;
   auto take = [&](int64_t h, int64_t wd) {
@@ -282,8 +282,18 @@ extern "C" int refusals() {
   if (!take(8, 8) || !take(5, 7)) failed |= 8;    // the others still run on oneDNN
   if (take(-3, 8) || refused() != 1) failed |= 16;  // asked again: remembered, not retried
   // A geometry refused at its first size is refused as a whole.
-  static AsConvSite first = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, {PTHREAD_MUTEX_INITIALIZER}};
+  static AsConvSite first = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0, {PTHREAD_MUTEX_INITIALIZER}};
   if (as_conv_acquire(&first, -3, 8, w, &packed) || !first.broken) failed |= 32;
+  // Post-ops oneDNN takes (x * v + u, then ReLU) are made into the size's primitive; ones
+  // it cannot take (an op code dnnl.h does not know) leave a primitive without them.
+  static AsConvSite fused = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0x421, {PTHREAD_MUTEX_INITIALIZER}};
+  static AsConvSite plain = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0x5, {PTHREAD_MUTEX_INITIALIZER}};
+  AsConvShape* e = as_conv_acquire(&fused, 8, 8, w, &packed);
+  if (!e || !e->vector) failed |= 64;
+  if (e) as_conv_release(&fused, e);
+  e = as_conv_acquire(&plain, 8, 8, w, &packed);
+  if (!e || e->vector || plain.broken) failed |= 128;
+  if (e) as_conv_release(&plain, e);
   return failed;
 }
 """
@@ -292,7 +302,8 @@ extern "C" int refusals() {
 def test_a_size_onednn_refuses_falls_back_alone(tmp_path):
     """A convolution site whose primitive oneDNN refuses for one input size runs that
     size on im2col + GEMM and keeps oneDNN for every other size; a geometry refused at
-    its first size is refused as a whole (its calls stop asking)."""
+    its first size is refused as a whole (its calls stop asking). Post-ops oneDNN cannot
+    take leave the convolution on oneDNN without them (the kernel's epilogue runs)."""
     import subprocess
     from importlib import resources
 
@@ -309,3 +320,55 @@ def test_a_size_onednn_refuses_falls_back_alone(tmp_path):
     lib = tmp_path / "refusals.so"
     subprocess.run(["g++", str(source), "-o", str(lib), *flags], check=True)
     assert ctypes.CDLL(str(lib)).refusals() == 0
+
+
+class _ConvThen(torch.nn.Module):
+    """A 3x3 convolution, an epilogue ``then``, and another convolution reading it."""
+
+    def __init__(self, then):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(6, 10, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(10)
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+        self.shift = torch.nn.Parameter(torch.randn(10))
+        self.next = torch.nn.Conv2d(10, 4, 1)
+        self.then = then
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.then == "bn_relu":
+            y = torch.relu(self.bn(y))
+        elif self.then == "minus_relu":
+            y = torch.relu(y - self.shift.view(1, -1, 1, 1))
+        elif self.then == "residual":
+            y = torch.relu(self.bn(y) + y.detach() * 0 + x.mean(1, keepdim=True))
+        elif self.then == "sigmoid":
+            y = torch.sigmoid(self.bn(y))
+        return self.next(y)
+
+
+@pytest.mark.parametrize(
+    "then, code",
+    [
+        ("bn_relu", 0x421),  # x * scale + shift, then max(x, 0): post-ops
+        ("minus_relu", 0x43),  # x - v, then max(x, 0)
+        ("residual", 0),  # a whole tensor added: the kernel's epilogue loop
+        ("sigmoid", 0),  # not a post-op anyshape sends
+    ],
+)
+def test_a_convolution_epilogue_runs_as_onednn_post_ops(then, code):
+    """Batch norm and ReLU after a channels-last convolution run inside oneDNN's
+    convolution as post-ops (the site's code in ``dnnl.h``'s spelling); other epilogues
+    stay the kernel's loop. Either way every size agrees with eager: empty batches, one
+    image, several, sizes never seen."""
+    torch.manual_seed(7)
+    model = _ConvThen(then).eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 6, 9, 8),), backend="cpu")
+    sites = re.findall(r"as_conv_site\(&dnnl_sites, [^;]*, (\d+)\);", _source(opt))
+    sites += re.findall(r"static AsConvSite dnnl_site = \{[^}]*, (\d+), \{", _source(opt))
+    assert [int(s) for s in sites][:1] == [code], sites
+    with torch.no_grad():
+        for shape in [(2, 6, 9, 8), (0, 6, 5, 5), (1, 6, 1, 1), (3, 6, 13, 7), (1, 6, 32, 30)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)

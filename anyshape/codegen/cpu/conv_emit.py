@@ -116,21 +116,49 @@ def _im2col_tap(c: _Conv) -> list[str]:
     return lines + _im2col_row(c.t, len(c.kernel), c.stride, c.pad, c.dil, c.ins, c.outs)
 
 
-def _dnnl_site(c: _Conv, route: Route, x: str, y: str, rows: str | None = None) -> tuple[str, str]:
+@dataclass(frozen=True)
+class Fusion:
+    """The epilogue as oneDNN post-ops (``post_ops.py``): their code, the pointers of their
+    per-channel vectors and of the epilogue's output, which a fused call writes."""
+
+    code: int
+    vectors: list[str]
+    out: str
+
+
+def _dnnl_site(
+    c: _Conv,
+    route: Route,
+    x: str,
+    y: str,
+    rows: str | None = None,
+    fusion: Fusion | None = None,
+    z: str = "nullptr",
+) -> tuple[str, str]:
     """The kernel's oneDNN call site (a static holding its primitives and packed weights)
     and the call that runs image ``x`` into ``y`` there (or ``rows`` pixels of a 1x1
-    kernel), false where oneDNN does not run it: ``dnnl_conv.h``, or ``dnnl_matmul.h`` for
-    a channels-last 1x1 kernel, where it pays at that row count (``as_matmul_pays``) or
-    always."""
+    kernel): ``dnnl_conv.h``, or ``dnnl_matmul.h`` for a channels-last 1x1 kernel, where it
+    pays at that row count (``as_matmul_pays``) or always. The call is 0 where oneDNN does
+    not run it, 1 where it ran, 2 where it also ran ``fusion``'s post-ops into ``z``."""
     w = f"(const float*){c.pw}"
-    if route.as_matmul:
+    post = str(fusion.code) if fusion else "0"
+    vectors = "nullptr"
+    lines = []
+    if fusion:
+        vectors = "post_vectors"
+        lines.append(
+            "const float* const post_vectors[] = {"
+            + ", ".join(f"(const float*){v}" for v in fusion.vectors or ["nullptr"])
+            + "};"
+        )
+    if route.as_matmul:  # (no post-ops: oneDNN's matmul with them left brgemm for gemm:jit)
         site = dnnl_site("AsMatmulSite", [c.CG, c.OC, "1", str(int(route.always))])
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {rows or c.P})"
     else:
         static = [*c.kernel, *c.stride, *c.pad, *c.dil, int(c.channels_last)]
-        site = dnnl_site("AsConvSite", [c.CG, c.OC, *map(str, static)])
-        call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]})"
-    return site, call
+        site = dnnl_site("AsConvSite", [c.CG, c.OC, *map(str, static), post])
+        call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]}, {vectors}, {z})"
+    return "\n".join([site, *lines]), call
 
 
 def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
@@ -187,9 +215,12 @@ def _conv_batched(c: _Conv) -> list[str]:
     return lines
 
 
-def _conv_channels_last(c: _Conv, epilogue: list | None, route: Route | None) -> list:
+def _conv_channels_last(
+    c: _Conv, epilogue: list | None, route: Route | None, fusion: Fusion | None = None
+) -> list:
     """A convolution on [N, H, W, C] activations, one image at a time, each image's
-    epilogue right after it (its output still in cache). The image runs on oneDNN
+    epilogue right after it (its output still in cache), or inside oneDNN's convolution
+    as post-ops (``fusion``) where oneDNN takes them. The image runs on oneDNN
     (``route``, when linked) unless oneDNN cannot run the call's first image, or the
     matmul does not pay at its pixel count (the same for every image of a call); then
     every image of the call runs ``as_conv2d_nhwc`` (prelude.h: im2col + one GEMM, one
@@ -207,16 +238,19 @@ def _conv_channels_last(c: _Conv, epilogue: list | None, route: Route | None) ->
         f"xn = (const {t}*){c.px} + n * {c.Q} * {c.C}",
         f"yn = ({t}*){c.po} + n * {c.P} * {c.OC}",
     )
-    image = [text(f"const {t}* {x};", f"{t}* {y};", "bool ran = false;")]
+    image = [text(f"const {t}* {x};", f"{t}* {y};", "bool ran = false, fused = false;")]
     before = []
     if route is not None:
-        site, call = _dnnl_site(c, route, "xn", "yn")
+        z = f"(float*){fusion.out} + n * {c.P} * {c.OC}" if fusion else "nullptr"
+        site, call = _dnnl_site(c, route, "xn", "yn", fusion=fusion, z=z)
         before.append(
             Guarded("ANYSHAPE_DNNL", (text(*site.split("\n"), "bool dnnl_runs = true;"),))
         )
         runs = (
             "if (dnnl_runs) {",
-            f"  ran = {call};",
+            f"  const int r = {call};",
+            "  ran = r > 0;",
+            "  fused = r == 2;",
             "  if (!ran && n > 0) return 4;  // (oneDNN ran this call's earlier images)",
             "  dnnl_runs = ran;",
             "}",
@@ -226,7 +260,9 @@ def _conv_channels_last(c: _Conv, epilogue: list | None, route: Route | None) ->
         f"if (!ran && !as_conv2d_nhwc<{t}>(xn, (const {t}*){c.pw}, yn, {c.C}, {c.OC}, "
         f"{h}, {w}, {oh}, {ow}, {kh}, {kw}, {sh}, {sw}, {ph}, {pw}, {dh}, {dw})) return 3;"
     )
-    image += [text(fallback), *(epilogue or ())]
+    image.append(text(fallback))
+    if epilogue is not None:
+        image += [if_("!fused", epilogue)] if fusion else epilogue
     return [*before, loop(For("n", "0", c.N), image), text("return 0;")]
 
 
@@ -302,7 +338,9 @@ def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
     return lines
 
 
-def emit_conv(scope: KernelScope, root: Node, epilogue: list | None) -> list:
+def emit_conv(
+    scope: KernelScope, root: Node, epilogue: list | None, fusion: Fusion | None = None
+) -> list:
     """Float convolution as im2col + one BLAS GEMM per (batch entry, group).
 
     A 1x1 convolution with unit stride and no padding reads its input as the GEMM
@@ -316,7 +354,7 @@ def emit_conv(scope: KernelScope, root: Node, epilogue: list | None) -> list:
     out: list = [text(f"if ({c.N} == 0 || {c.P} == 0) return 0;")]
     route = scope.sched.routes.get(id(root))  # oneDNN (routes.py), when linked
     if c.channels_last:
-        return out + _conv_channels_last(c, epilogue, route)
+        return out + _conv_channels_last(c, epilogue, route, fusion)
     if route is not None:
         out += _conv_dnnl(c, epilogue, route)
     batched = [text(*_conv_batched(c))]

@@ -23,6 +23,8 @@ typedef struct dnnl_primitive* dnnl_primitive_t;
 typedef const struct dnnl_primitive* const_dnnl_primitive_t;
 typedef struct dnnl_primitive_attr* dnnl_primitive_attr_t;
 typedef const struct dnnl_primitive_attr* const_dnnl_primitive_attr_t;
+typedef struct dnnl_post_ops* dnnl_post_ops_t;
+typedef const struct dnnl_post_ops* const_dnnl_post_ops_t;
 typedef int64_t dnnl_dims_t[12];
 typedef struct {
   int arg;
@@ -64,6 +66,11 @@ int dnnl_primitive_destroy(dnnl_primitive_t);
 int dnnl_primitive_attr_create(dnnl_primitive_attr_t*);
 int dnnl_primitive_attr_destroy(dnnl_primitive_attr_t);
 int dnnl_primitive_attr_set_scratchpad_mode(dnnl_primitive_attr_t, int mode);
+int dnnl_primitive_attr_set_post_ops(dnnl_primitive_attr_t, const_dnnl_post_ops_t);
+int dnnl_post_ops_create(dnnl_post_ops_t*);
+int dnnl_post_ops_destroy(dnnl_post_ops_t);
+int dnnl_post_ops_append_eltwise(dnnl_post_ops_t, int alg_kind, float alpha, float beta);
+int dnnl_post_ops_append_binary(dnnl_post_ops_t, int alg_kind, const_dnnl_memory_desc_t src1);
 }
 
 enum {
@@ -81,7 +88,66 @@ enum {
   AS_DNNL_ARG_DST = 17,
   AS_DNNL_ARG_WEIGHTS = 33,
   AS_DNNL_ARG_SCRATCHPAD = 80,
+  AS_DNNL_ARG_SRC_1 = 2,
+  AS_DNNL_POST_OP_ARG_BASE = 32768,  // DNNL_ARG_ATTR_MULTIPLE_POST_OP(k) = base * (k + 1)
+  AS_DNNL_QUERY_EXEC_ARG_MD = 255,
+  AS_DNNL_ELTWISE_RELU = 0x20,
+  AS_DNNL_BINARY_ADD = 0x1fff0,
+  AS_DNNL_BINARY_MUL = 0x1fff1,
+  AS_DNNL_BINARY_SUB = 0x1fff5,
 };
+
+// A convolution's epilogue run by oneDNN as post-ops (conv_emit.py, `post_op_code`): 4 bits
+// per op, the first op lowest; 1 x * v, 2 x + v, 3 x - v with v a vector of one value per
+// output channel, 4 max(x, 0). At most 8 ops.
+#define AS_POST_OPS_MAX 8
+
+// `attr` given the post-ops of `code`, each vector described by `vector`.
+AS_SETUP static bool as_dnnl_post_ops(dnnl_primitive_attr_t attr, int64_t code,
+                                      const_dnnl_memory_desc_t vector) {
+  dnnl_post_ops_t po = nullptr;
+  bool ok = dnnl_post_ops_create(&po) == 0;
+  for (int64_t c = code; ok && c; c >>= 4) {
+    const int64_t op = c & 15;
+    if (op == 4) ok = dnnl_post_ops_append_eltwise(po, AS_DNNL_ELTWISE_RELU, 0.f, 0.f) == 0;
+    else if (op >= 1 && op <= 3)
+      ok = dnnl_post_ops_append_binary(po, op == 1 ? AS_DNNL_BINARY_MUL
+                                           : op == 2 ? AS_DNNL_BINARY_ADD
+                                                     : AS_DNNL_BINARY_SUB, vector) == 0;
+    else ok = false;
+  }
+  ok = ok && dnnl_primitive_attr_set_post_ops(attr, po) == 0;
+  if (po) dnnl_post_ops_destroy(po);
+  return ok;
+}
+
+// Whether the primitive made with the post-ops of `code` takes their vectors as the
+// execute arguments `as_dnnl_post_args` names (of `bytes` each).
+AS_SETUP static bool as_dnnl_post_args_known(const_dnnl_primitive_desc_t pd, int64_t code,
+                                             int64_t bytes) {
+  int k = 0;
+  for (int64_t c = code; c; c >>= 4, ++k) {
+    if ((c & 15) > 3) continue;
+    const_dnnl_memory_desc_t md = dnnl_primitive_desc_query_md(
+        pd, AS_DNNL_QUERY_EXEC_ARG_MD, AS_DNNL_POST_OP_ARG_BASE * (k + 1) | AS_DNNL_ARG_SRC_1);
+    if (!md || (int64_t)dnnl_memory_desc_get_size(md) != bytes) return false;
+  }
+  return true;
+}
+
+// The execute arguments of the vectors of `code` appended at args/mds/ptrs; their count.
+static int as_dnnl_post_args(int64_t code, const_dnnl_memory_desc_t vector,
+                             const float* const* vectors, int* args,
+                             const_dnnl_memory_desc_t* mds, void** ptrs) {
+  int n = 0, k = 0, v = 0;
+  for (int64_t c = code; c; c >>= 4, ++k) {
+    if ((c & 15) > 3) continue;
+    args[n] = AS_DNNL_POST_OP_ARG_BASE * (k + 1) | AS_DNNL_ARG_SRC_1;
+    mds[n] = vector;
+    ptrs[n++] = (void*)vectors[v++];
+  }
+  return n;
+}
 
 AS_SETUP AS_SHARED dnnl_engine_t as_dnnl_engine() {
   static dnnl_engine_t engine = [] {
@@ -229,7 +295,7 @@ AS_SETUP static dnnl_primitive_t as_dnnl_reorder(const_dnnl_memory_desc_t from, 
 
 static bool as_dnnl_run(const_dnnl_primitive_t p, int n, const int* args,
                         const const_dnnl_memory_desc_t* mds, void* const* ptrs) {
-  dnnl_exec_arg_t exec[4];
+  dnnl_exec_arg_t exec[4 + AS_POST_OPS_MAX];
   bool ok = true;
   int made = 0;
   for (; made < n && ok; ++made) {

@@ -17,6 +17,7 @@ struct AsConvShape {
   int64_t h, w;
   dnnl_primitive_t conv, to_conv, from_conv;  // reorders are null when layouts agree
   dnnl_memory_desc_t src_plain, dst_plain, src, weights, dst, scratch;
+  dnnl_memory_desc_t vector;  // a post-op's per-channel vector (null without post-ops)
   int64_t src_bytes, dst_bytes, scratch_bytes;
   int64_t last_use, users;
   bool refused;  // oneDNN made no primitive for this size (conv is null): its calls fall back
@@ -26,7 +27,7 @@ AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
   if (e->conv) dnnl_primitive_destroy(e->conv);
   if (e->to_conv) dnnl_primitive_destroy(e->to_conv);
   if (e->from_conv) dnnl_primitive_destroy(e->from_conv);
-  dnnl_memory_desc_t mds[] = {e->src_plain, e->dst_plain, e->src, e->weights, e->dst, e->scratch};
+  dnnl_memory_desc_t mds[] = {e->src_plain, e->dst_plain, e->src, e->weights, e->dst, e->scratch, e->vector};
   for (dnnl_memory_desc_t md : mds)
     if (md) dnnl_memory_desc_destroy(md);
   memset(e, 0, sizeof(*e));
@@ -36,6 +37,7 @@ AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
 // Activations are channels first ([C, H, W] per image) or, with nhwc, channels last.
 struct AsConvSite {
   int64_t c, o, kh, kw, sh, sw, ph, pw, dh, dw, nhwc;
+  int64_t post;  // the epilogue as oneDNN post-ops (dnnl.h), 0 for none
   AsWeightsCache weights;
   AsConvShape shapes[AS_CONV_SHAPES];
   int64_t clock;
@@ -63,17 +65,40 @@ AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t 
   dnnl_memory_desc_t src_any = nullptr, wei_any = nullptr, dst_any = nullptr;
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_primitive_desc_t pd = nullptr;
+  dnnl_dims_t per_channel = {1, s->o, 1, 1}, per_channel_st = {s->o, 1, 1, 1};
   bool ok =
       dnnl_memory_desc_create_with_strides(&e->src_plain, 4, src, AS_DNNL_F32, src_st) == 0 &&
       dnnl_memory_desc_create_with_strides(&e->dst_plain, 4, dst, AS_DNNL_F32, dst_st) == 0 &&
       dnnl_memory_desc_create_with_tag(&src_any, 4, src, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
       dnnl_memory_desc_create_with_tag(&wei_any, 4, wei, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
-      dnnl_memory_desc_create_with_tag(&dst_any, 4, dst, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
-      dnnl_primitive_attr_create(&attr) == 0 &&
-      dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
-      dnnl_convolution_forward_primitive_desc_create(
-          &pd, as_dnnl_engine(), AS_DNNL_FORWARD_INFERENCE, AS_DNNL_CONVOLUTION_DIRECT, src_any,
-          wei_any, nullptr, dst_any, strides, dil, pl, pr, attr) == 0 &&
+      dnnl_memory_desc_create_with_tag(&dst_any, 4, dst, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0;
+  // With the epilogue as post-ops where oneDNN takes them, else without (the caller's
+  // epilogue runs).
+  for (int with_post = s->post != 0; ok && !pd && with_post >= 0; --with_post) {
+    if (with_post) {
+      if (!e->vector)
+        ok = dnnl_memory_desc_create_with_strides(&e->vector, 4, per_channel, AS_DNNL_F32,
+                                                  per_channel_st) == 0;
+      if (!ok) break;
+    } else if (e->vector) {
+      dnnl_memory_desc_destroy(e->vector);
+      e->vector = nullptr;
+    }
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    attr = nullptr;
+    bool made = dnnl_primitive_attr_create(&attr) == 0 &&
+                dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
+                (!with_post || as_dnnl_post_ops(attr, s->post, e->vector)) &&
+                dnnl_convolution_forward_primitive_desc_create(
+                    &pd, as_dnnl_engine(), AS_DNNL_FORWARD_INFERENCE, AS_DNNL_CONVOLUTION_DIRECT,
+                    src_any, wei_any, nullptr, dst_any, strides, dil, pl, pr, attr) == 0;
+    if (made && with_post && !as_dnnl_post_args_known(pd, s->post, 4 * s->o)) made = false;
+    if (!made && pd) {
+      dnnl_primitive_desc_destroy(pd);
+      pd = nullptr;
+    }
+  }
+  ok = ok && pd &&
       dnnl_primitive_create(&e->conv, pd) == 0 &&
       dnnl_memory_desc_clone(&e->src, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SRC_MD, 0)) == 0 &&
       dnnl_memory_desc_clone(&e->weights, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_WEIGHTS_MD, 0)) == 0 &&
@@ -166,14 +191,18 @@ static void as_conv_release(AsConvSite* s, AsConvShape* e) {
   pthread_mutex_unlock(&s->weights.mu);
 }
 
-// y = conv(x, w) for one image (CHW, or HWC when the site is nhwc); false if oneDNN could
-// not run it (the caller falls back to im2col + GEMM).
-static bool as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* y, int64_t h,
-                           int64_t wd) {
-  if (s->broken || !as_dnnl_engine()) return false;
+// y = conv(x, w) for one image (CHW, or HWC when the site is nhwc): 1; with the site's
+// post-ops (their per-channel `vectors`), z = the epilogue of conv(x, w) instead: 2 (where
+// oneDNN took them for this size); 0 if oneDNN could not run it (the caller falls back to
+// im2col + GEMM).
+static int as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* y, int64_t h,
+                          int64_t wd, const float* const* vectors = nullptr, float* z = nullptr) {
+  if (s->broken || !as_dnnl_engine()) return 0;
   const float* packed = nullptr;
   AsConvShape* e = as_conv_acquire(s, h, wd, w, &packed);
-  if (!e) return false;
+  if (!e) return 0;
+  const bool fused = e->vector != nullptr;
+  if (fused) y = z;
   const int64_t own_weights =
       packed == w ? as_round64((int64_t)dnnl_memory_desc_get_size(e->weights)) : 0;
   char* buf = (char*)as_scratch(e->src_bytes + e->dst_bytes + e->scratch_bytes + own_weights);
@@ -193,11 +222,12 @@ static bool as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float*
     ok = as_dnnl_run(e->to_conv, 2, args, mds, ptrs);
   }
   if (ok) {
-    const int args[4] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_WEIGHTS, AS_DNNL_ARG_DST,
-                         AS_DNNL_ARG_SCRATCHPAD};
-    const_dnnl_memory_desc_t mds[4] = {e->src, e->weights, e->dst, e->scratch};
-    void* ptrs[4] = {src, (void*)packed, dst, scratch};
-    ok = as_dnnl_run(e->conv, 4, args, mds, ptrs);
+    int args[4 + AS_POST_OPS_MAX] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_WEIGHTS, AS_DNNL_ARG_DST,
+                                     AS_DNNL_ARG_SCRATCHPAD};
+    const_dnnl_memory_desc_t mds[4 + AS_POST_OPS_MAX] = {e->src, e->weights, e->dst, e->scratch};
+    void* ptrs[4 + AS_POST_OPS_MAX] = {src, (void*)packed, dst, scratch};
+    const int n = fused ? 4 + as_dnnl_post_args(s->post, e->vector, vectors, args + 4, mds + 4, ptrs + 4) : 4;
+    ok = as_dnnl_run(e->conv, n, args, mds, ptrs);
   }
   if (ok && e->from_conv) {
     const int args[2] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_DST};
@@ -206,13 +236,13 @@ static bool as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float*
     ok = as_dnnl_run(e->from_conv, 2, args, mds, ptrs);
   }
   as_conv_release(s, e);
-  return ok;
+  return ok ? (fused ? 2 : 1) : 0;
 }
 
 // The site of a family's kernel for one convolution geometry (see as_site_for).
 __attribute__((noipa)) static AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o, int64_t kh, int64_t kw,
                                 int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
-                                int64_t dw, int64_t nhwc) {
-  const int64_t geometry[11] = {c, o, kh, kw, sh, sw, ph, pw, dh, dw, nhwc};
-  return as_site_for<AsConvSite>(t, geometry, 11);
+                                int64_t dw, int64_t nhwc, int64_t post) {
+  const int64_t geometry[12] = {c, o, kh, kw, sh, sw, ph, pw, dh, dw, nhwc, post};
+  return as_site_for<AsConvSite>(t, geometry, 12);
 }

@@ -37,6 +37,7 @@ from .expr import KernelScope
 from .hoist import hoist_invariants
 from .loop_ir import if_, stmt, text, write
 from .loop_nest import ROW_SPLIT_WORK, loop_vars, nest_open, statements, store
+from .post_ops import post_ops
 from .reduce_emit import emit_argreduce, emit_cumulative, emit_reduce
 from .stitch_emit import StitchScope, emit_stitch, row_tail
 
@@ -138,9 +139,23 @@ def _emit_conv(scope: KernelScope, root: Node) -> list:
     if root.dtype not in (DType.f32, DType.f64):
         return _emit_window(scope, root)
     epilogue = scope.sched.epilogues.get(id(root))
+    if epilogue is None:
+        return conv_emit.emit_conv(scope, root, None)
     return conv_emit.emit_conv(
-        scope, root, _epilogue(scope, epilogue) if epilogue is not None else None
+        scope, root, _epilogue(scope, epilogue), _fusion(scope, root, epilogue)
     )
+
+
+def _fusion(scope: KernelScope, root: Node, epilogue: Node) -> conv_emit.Fusion | None:
+    """The epilogue of a channels-last convolution oneDNN runs as post-ops, if it can."""
+    route = scope.sched.routes.get(id(root))
+    if route is None or route.as_matmul or not root.attr("channels_last", False):
+        return None  # (oneDNN's matmul with post-ops left brgemm for gemm:jit: slower)
+    ops = post_ops(scope.sched, root, epilogue)
+    if ops is None:
+        return None
+    vectors = [scope.ptr(v) for v in ops.vectors]
+    return conv_emit.Fusion(ops.code, vectors, scope.ptr(epilogue))
 
 
 def _epilogue(scope: KernelScope, epilogue: Node) -> list:
