@@ -224,8 +224,8 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
 @pytest.mark.parametrize("route", [{"dnnl_matmul": "always"}, {"dnnl_conv": "off"}])
 def test_a_1x1_convolution_is_one_gemm_for_the_batch_then_each_images_epilogue(route):
     """The batch's pixels are one GEMM's rows (the weight read once per call, not once per
-    image), then each image's epilogue (batch norm and ReLU) runs: right for
-    empty batches, one-pixel images and batches of one and five."""
+    image), then each image's epilogue (batch norm and a sigmoid: not oneDNN post-ops)
+    runs: right for empty batches, one-pixel images and batches of one and five."""
     torch.manual_seed(5)
 
     class Bottleneck(torch.nn.Module):
@@ -237,7 +237,7 @@ def test_a_1x1_convolution_is_one_gemm_for_the_batch_then_each_images_epilogue(r
             self.next = torch.nn.Conv2d(12, 8, 3, padding=1)
 
         def forward(self, x):
-            return self.next(torch.relu(self.bn(self.conv(x))))
+            return self.next(torch.sigmoid(self.bn(self.conv(x))))
 
     model = Bottleneck().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 12, 6, 5),), backend="cpu", **route)
@@ -287,7 +287,7 @@ extern "C" int refusals() {
   // Post-ops oneDNN takes (x * v + u, then ReLU) are made into the size's primitive; ones
   // it cannot take (an op code dnnl.h does not know) leave a primitive without them.
   static AsConvSite fused = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0x421, {PTHREAD_MUTEX_INITIALIZER}};
-  static AsConvSite plain = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0x5, {PTHREAD_MUTEX_INITIALIZER}};
+  static AsConvSite plain = {4, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1, 0x7, {PTHREAD_MUTEX_INITIALIZER}};
   AsConvShape* e = as_conv_acquire(&fused, 8, 8, w, &packed);
   if (!e || !e->vector) failed |= 64;
   if (e) as_conv_release(&fused, e);
@@ -323,11 +323,13 @@ def test_a_size_onednn_refuses_falls_back_alone(tmp_path):
 
 
 class _ConvThen(torch.nn.Module):
-    """A 3x3 convolution, an epilogue ``then``, and another convolution reading it."""
+    """A convolution (``k`` x ``k``), an epilogue ``then``, and another convolution reading
+    it; a 1x1 convolution before makes the skip connection's tensor."""
 
-    def __init__(self, then):
+    def __init__(self, then, k):
         super().__init__()
-        self.conv = torch.nn.Conv2d(6, 10, 3, padding=1, bias=False)
+        self.pre = torch.nn.Conv2d(6, 10, 1, bias=False)
+        self.conv = torch.nn.Conv2d(10, 10, k, padding=k // 2, bias=False)
         self.bn = torch.nn.BatchNorm2d(10)
         self.bn.running_mean.uniform_(-1, 1)
         self.bn.running_var.uniform_(0.5, 2)
@@ -336,38 +338,42 @@ class _ConvThen(torch.nn.Module):
         self.then = then
 
     def forward(self, x):
-        y = self.conv(x)
+        r = self.pre(x)
+        y = self.conv(r)
         if self.then == "bn_relu":
             y = torch.relu(self.bn(y))
         elif self.then == "minus_relu":
             y = torch.relu(y - self.shift.view(1, -1, 1, 1))
-        elif self.then == "residual":
-            y = torch.relu(self.bn(y) + y.detach() * 0 + x.mean(1, keepdim=True))
+        elif self.then == "skip":  # a residual block's end
+            y = torch.relu(self.bn(y) + r)
         elif self.then == "sigmoid":
             y = torch.sigmoid(self.bn(y))
         return self.next(y)
 
 
+@pytest.mark.parametrize("k", [3, 1])
 @pytest.mark.parametrize(
     "then, code",
     [
         ("bn_relu", 0x421),  # x * scale + shift, then max(x, 0): post-ops
         ("minus_relu", 0x43),  # x - v, then max(x, 0)
-        ("residual", 0),  # a whole tensor added: the kernel's epilogue loop
-        ("sigmoid", 0),  # not a post-op anyshape sends
+        ("skip", 0x4521),  # x * scale + shift + r, then max(x, 0)
+        ("sigmoid", 0),  # not a post-op anyshape sends: the kernel's epilogue loop
     ],
 )
-def test_a_convolution_epilogue_runs_as_onednn_post_ops(then, code):
-    """Batch norm and ReLU after a channels-last convolution run inside oneDNN's
-    convolution as post-ops (the site's code in ``dnnl.h``'s spelling); other epilogues
-    stay the kernel's loop. Either way every size agrees with eager: empty batches, one
-    image, several, sizes never seen."""
+def test_a_convolution_epilogue_runs_as_onednn_post_ops(then, code, k):
+    """Batch norm, a skip add and ReLU after a channels-last convolution run inside
+    oneDNN's convolution as post-ops (the site's code in ``dnnl.h``'s spelling; a 1x1
+    convolution with them runs there rather than on the matmul); other epilogues stay the
+    kernel's loop. Either way every size agrees with eager: empty batches, one image,
+    several, sizes never seen."""
     torch.manual_seed(7)
-    model = _ConvThen(then).eval()
+    model = _ConvThen(then, k).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 6, 9, 8),), backend="cpu")
-    sites = re.findall(r"as_conv_site\(&dnnl_sites, [^;]*, (\d+)\);", _source(opt))
-    sites += re.findall(r"static AsConvSite dnnl_site = \{[^}]*, (\d+), \{", _source(opt))
-    assert [int(s) for s in sites][:1] == [code], sites
+    source = _source(opt)
+    codes = re.findall(r"as_conv_site\(&dnnl_sites, [^;]*, (\d+)\);", source)
+    codes += re.findall(r"static AsConvSite dnnl_site = \{[^}]*, (\d+), \{", source)
+    assert [int(c) for c in codes if int(c)] == ([code] if code else []), codes
     with torch.no_grad():
         for shape in [(2, 6, 9, 8), (0, 6, 5, 5), (1, 6, 1, 1), (3, 6, 13, 7), (1, 6, 32, 30)]:
             x = torch.randn(*shape)

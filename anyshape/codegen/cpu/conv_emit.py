@@ -118,12 +118,17 @@ def _im2col_tap(c: _Conv) -> list[str]:
 
 @dataclass(frozen=True)
 class Fusion:
-    """The epilogue as oneDNN post-ops (``post_ops.py``): their code, the pointers of their
-    per-channel vectors and of the epilogue's output, which a fused call writes."""
+    """The epilogue as oneDNN post-ops (``post_ops.py``): their code, their operands (read
+    at image ``n``) and the epilogue's output, which a fused call writes."""
 
     code: int
-    vectors: list[str]
+    operands: list[str]  # C expressions: per-channel vectors, or this image's part of a tensor
     out: str
+
+
+def _operands(fusion: Fusion) -> str:
+    """The declaration of ``post_operands``, the post-ops' operands at image ``n``."""
+    return f"const float* const post_operands[] = {{{', '.join(fusion.operands or ['nullptr'])}}};"
 
 
 def _dnnl_site(
@@ -142,15 +147,7 @@ def _dnnl_site(
     not run it, 1 where it ran, 2 where it also ran ``fusion``'s post-ops into ``z``."""
     w = f"(const float*){c.pw}"
     post = str(fusion.code) if fusion else "0"
-    vectors = "nullptr"
-    lines = []
-    if fusion:
-        vectors = "post_vectors"
-        lines.append(
-            "const float* const post_vectors[] = {"
-            + ", ".join(f"(const float*){v}" for v in fusion.vectors or ["nullptr"])
-            + "};"
-        )
+    vectors = "post_operands" if fusion else "nullptr"  # (``_operands``, before the call)
     if route.as_matmul:  # (no post-ops: oneDNN's matmul with them left brgemm for gemm:jit)
         site = dnnl_site("AsMatmulSite", [c.CG, c.OC, "1", str(int(route.always))])
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {rows or c.P})"
@@ -158,7 +155,7 @@ def _dnnl_site(
         static = [*c.kernel, *c.stride, *c.pad, *c.dil, int(c.channels_last)]
         site = dnnl_site("AsConvSite", [c.CG, c.OC, *map(str, static), post])
         call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]}, {vectors}, {z})"
-    return "\n".join([site, *lines]), call
+    return site, call
 
 
 def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
@@ -230,7 +227,7 @@ def _conv_channels_last(
             f"a channels-last convolution with {c.groups} groups over {len(c.kernel)} spatial "
             "dims: the CPU backend's channels-last kernel is 2-D without groups"
         )
-    if c.direct:
+    if c.direct and (route is None or route.as_matmul):
         return _conv_channels_last_direct(c, epilogue, route)
     t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
     (h, w), (oh, ow) = c.ins, c.outs
@@ -248,6 +245,7 @@ def _conv_channels_last(
         )
         runs = (
             "if (dnnl_runs) {",
+            *(["  " + _operands(fusion)] if fusion else []),
             f"  const int r = {call};",
             "  ran = r > 0;",
             "  fused = r == 2;",

@@ -97,19 +97,23 @@ enum {
   AS_DNNL_BINARY_SUB = 0x1fff5,
 };
 
-// A convolution's epilogue run by oneDNN as post-ops (conv_emit.py, `post_op_code`): 4 bits
-// per op, the first op lowest; 1 x * v, 2 x + v, 3 x - v with v a vector of one value per
-// output channel, 4 max(x, 0). At most 8 ops.
+// A convolution's epilogue run by oneDNN as post-ops (post_ops.py): 4 bits per op, the
+// first op lowest; 1 x * v, 2 x + v, 3 x - v with v a vector of one value per output
+// channel, 4 max(x, 0), 5 x + t with t a tensor of the output's shape. At most 8 ops.
 #define AS_POST_OPS_MAX 8
 
-// `attr` given the post-ops of `code`, each vector described by `vector`.
+static inline bool as_post_op_binary(int64_t op) { return (op >= 1 && op <= 3) || op == 5; }
+
+// `attr` given the post-ops of `code`: vectors described by `vector`, tensors by `tensor`.
 AS_SETUP static bool as_dnnl_post_ops(dnnl_primitive_attr_t attr, int64_t code,
-                                      const_dnnl_memory_desc_t vector) {
+                                      const_dnnl_memory_desc_t vector,
+                                      const_dnnl_memory_desc_t tensor) {
   dnnl_post_ops_t po = nullptr;
   bool ok = dnnl_post_ops_create(&po) == 0;
   for (int64_t c = code; ok && c; c >>= 4) {
     const int64_t op = c & 15;
     if (op == 4) ok = dnnl_post_ops_append_eltwise(po, AS_DNNL_ELTWISE_RELU, 0.f, 0.f) == 0;
+    else if (op == 5) ok = dnnl_post_ops_append_binary(po, AS_DNNL_BINARY_ADD, tensor) == 0;
     else if (op >= 1 && op <= 3)
       ok = dnnl_post_ops_append_binary(po, op == 1 ? AS_DNNL_BINARY_MUL
                                            : op == 2 ? AS_DNNL_BINARY_ADD
@@ -121,30 +125,31 @@ AS_SETUP static bool as_dnnl_post_ops(dnnl_primitive_attr_t attr, int64_t code,
   return ok;
 }
 
-// Whether the primitive made with the post-ops of `code` takes their vectors as the
-// execute arguments `as_dnnl_post_args` names (of `bytes` each).
+// Whether the primitive made with the post-ops of `code` takes their operands as the
+// execute arguments `as_dnnl_post_args` names (`vector_bytes` or `tensor_bytes` each).
 AS_SETUP static bool as_dnnl_post_args_known(const_dnnl_primitive_desc_t pd, int64_t code,
-                                             int64_t bytes) {
+                                             int64_t vector_bytes, int64_t tensor_bytes) {
   int k = 0;
   for (int64_t c = code; c; c >>= 4, ++k) {
-    if ((c & 15) > 3) continue;
+    if (!as_post_op_binary(c & 15)) continue;
     const_dnnl_memory_desc_t md = dnnl_primitive_desc_query_md(
         pd, AS_DNNL_QUERY_EXEC_ARG_MD, AS_DNNL_POST_OP_ARG_BASE * (k + 1) | AS_DNNL_ARG_SRC_1);
-    if (!md || (int64_t)dnnl_memory_desc_get_size(md) != bytes) return false;
+    const int64_t want = (c & 15) == 5 ? tensor_bytes : vector_bytes;
+    if (!md || (int64_t)dnnl_memory_desc_get_size(md) != want) return false;
   }
   return true;
 }
 
-// The execute arguments of the vectors of `code` appended at args/mds/ptrs; their count.
+// The execute arguments of the operands of `code` appended at args/mds/ptrs; their count.
 static int as_dnnl_post_args(int64_t code, const_dnnl_memory_desc_t vector,
-                             const float* const* vectors, int* args,
-                             const_dnnl_memory_desc_t* mds, void** ptrs) {
+                             const_dnnl_memory_desc_t tensor, const float* const* operands,
+                             int* args, const_dnnl_memory_desc_t* mds, void** ptrs) {
   int n = 0, k = 0, v = 0;
   for (int64_t c = code; c; c >>= 4, ++k) {
-    if ((c & 15) > 3) continue;
+    if (!as_post_op_binary(c & 15)) continue;
     args[n] = AS_DNNL_POST_OP_ARG_BASE * (k + 1) | AS_DNNL_ARG_SRC_1;
-    mds[n] = vector;
-    ptrs[n++] = (void*)vectors[v++];
+    mds[n] = (c & 15) == 5 ? tensor : vector;
+    ptrs[n++] = (void*)operands[v++];
   }
   return n;
 }

@@ -88,11 +88,14 @@ AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t 
     attr = nullptr;
     bool made = dnnl_primitive_attr_create(&attr) == 0 &&
                 dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
-                (!with_post || as_dnnl_post_ops(attr, s->post, e->vector)) &&
+                (!with_post || as_dnnl_post_ops(attr, s->post, e->vector, e->dst_plain)) &&
                 dnnl_convolution_forward_primitive_desc_create(
                     &pd, as_dnnl_engine(), AS_DNNL_FORWARD_INFERENCE, AS_DNNL_CONVOLUTION_DIRECT,
                     src_any, wei_any, nullptr, dst_any, strides, dil, pl, pr, attr) == 0;
-    if (made && with_post && !as_dnnl_post_args_known(pd, s->post, 4 * s->o)) made = false;
+    if (made && with_post &&
+        !as_dnnl_post_args_known(pd, s->post, 4 * s->o,
+                                 (int64_t)dnnl_memory_desc_get_size(e->dst_plain)))
+      made = false;
     if (!made && pd) {
       dnnl_primitive_desc_destroy(pd);
       pd = nullptr;
@@ -192,11 +195,11 @@ static void as_conv_release(AsConvSite* s, AsConvShape* e) {
 }
 
 // y = conv(x, w) for one image (CHW, or HWC when the site is nhwc): 1; with the site's
-// post-ops (their per-channel `vectors`), z = the epilogue of conv(x, w) instead: 2 (where
-// oneDNN took them for this size); 0 if oneDNN could not run it (the caller falls back to
-// im2col + GEMM).
+// post-ops (their `operands`: vectors, or this image's part of a tensor), z = the epilogue
+// of conv(x, w) instead: 2 (where oneDNN took them for this size); 0 if oneDNN could not
+// run it (the caller falls back to im2col + GEMM).
 static int as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* y, int64_t h,
-                          int64_t wd, const float* const* vectors = nullptr, float* z = nullptr) {
+                          int64_t wd, const float* const* operands = nullptr, float* z = nullptr) {
   if (s->broken || !as_dnnl_engine()) return 0;
   const float* packed = nullptr;
   AsConvShape* e = as_conv_acquire(s, h, wd, w, &packed);
@@ -226,7 +229,9 @@ static int as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* 
                                      AS_DNNL_ARG_SCRATCHPAD};
     const_dnnl_memory_desc_t mds[4 + AS_POST_OPS_MAX] = {e->src, e->weights, e->dst, e->scratch};
     void* ptrs[4 + AS_POST_OPS_MAX] = {src, (void*)packed, dst, scratch};
-    const int n = fused ? 4 + as_dnnl_post_args(s->post, e->vector, vectors, args + 4, mds + 4, ptrs + 4) : 4;
+    const int n = fused ? 4 + as_dnnl_post_args(s->post, e->vector, e->dst_plain, operands,
+                                                 args + 4, mds + 4, ptrs + 4)
+                        : 4;
     ok = as_dnnl_run(e->conv, n, args, mds, ptrs);
   }
   if (ok && e->from_conv) {

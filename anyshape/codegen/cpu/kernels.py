@@ -154,8 +154,12 @@ def _fusion(scope: KernelScope, root: Node, epilogue: Node) -> conv_emit.Fusion 
     ops = post_ops(scope.sched, root, epilogue)
     if ops is None:
         return None
-    vectors = [scope.ptr(v) for v in ops.vectors]
-    return conv_emit.Fusion(ops.code, vectors, scope.ptr(epilogue))
+    image = scope.dim(shape_numel(root.shape[1:]))
+    operands = [
+        f"(const float*){scope.ptr(v)}" + (f" + n * {image}" if whole else "")
+        for v, whole in zip(ops.operands, ops.tensors)
+    ]
+    return conv_emit.Fusion(ops.code, operands, scope.ptr(epilogue))
 
 
 def _epilogue(scope: KernelScope, epilogue: Node) -> list:

@@ -7,10 +7,11 @@ plus a per-channel shift), then ReLU. Run by the kernel, it is one more pass ove
 the output (a 1x1 convolution 64 -> 256 at 2x48x48: 0.312 ms alone, 0.382 ms with
 batch norm and ReLU); oneDNN applies such a chain to each output block while it is
 still in registers. So a chain of ``x * v``, ``x + v``, ``x - v`` (``v`` a
-materialized vector of one value per output channel, broadcast along the last dim)
-and ``max(x, 0)`` becomes a post-op code (``dnnl.h``: 4 bits per op, the first op
-lowest). Anything else (a residual add of a whole tensor, other math) stays the
-kernel's epilogue loop, which also runs wherever oneDNN declines the post-ops.
+materialized vector of one value per output channel, broadcast along the last dim),
+``x + t`` (``t`` a materialized tensor of the output's shape: a residual block's skip
+add) and ``max(x, 0)`` becomes a post-op code (``dnnl.h``: 4 bits per op, the first op
+lowest). Anything else stays the kernel's epilogue loop, which also runs wherever
+oneDNN declines the post-ops.
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from ...ir.graph import Node
 MAX_OPS = 8  # AS_POST_OPS_MAX in dnnl.h
 _BINARY = {"mul": 1, "add": 2, "sub": 3}
 _RELU = 4
+_ADD_TENSOR = 5  # x + t, t a tensor of the output's shape (a residual block's skip add)
 
 
 @dataclass(frozen=True)
 class PostOps:
     code: int  # the ops, 4 bits each, the first lowest (dnnl.h)
-    vectors: list[Node]  # the per-channel operand of each binary op, in order
+    operands: list[Node]  # each binary op's operand, in order: a per-channel vector or a
+    # tensor of the output's shape (``tensors`` says which)
+    tensors: list[bool]
 
 
 def post_ops(sched, conv: Node, epilogue: Node) -> PostOps | None:
@@ -45,14 +49,16 @@ def post_ops(sched, conv: Node, epilogue: Node) -> PostOps | None:
         if n.op not in (*_BINARY, "max") or len(n.inputs) != 2:
             return None
         a, b = n.inputs
-        if n.op in ("mul", "add", "max") and _is_operand(a) and not _is_operand(b):
+        if n.op in ("mul", "add", "max") and not _on_chain(sched, a, conv):
             a, b = b, a  # the chain on the left, the operand on the right
-        if not _is_operand(b) or _is_operand(a):
+        if not _on_chain(sched, a, conv) or _on_chain(sched, b, conv):
             return None
         if n.op == "max":
-            if _scalar(b) != 0.0:
+            if b.op != "broadcast_in_dim" or _scalar(b) != 0.0:
                 return None
             ops.append((_RELU, None))
+        elif n.op == "add" and _whole(sched, b, conv):
+            ops.append((_ADD_TENSOR, b))
         else:
             v = _per_channel(sched, b, channels, conv.rank)
             if v is None:
@@ -65,11 +71,24 @@ def post_ops(sched, conv: Node, epilogue: Node) -> PostOps | None:
     code = 0
     for k, (op, _) in enumerate(ops):
         code |= op << (4 * k)
-    return PostOps(code, [v for _, v in ops if v is not None])
+    binary = [(op, v) for op, v in ops if v is not None]
+    return PostOps(code, [v for _, v in binary], [op == _ADD_TENSOR for op, _ in binary])
 
 
-def _is_operand(n: Node) -> bool:
-    return n.op == "broadcast_in_dim"
+def _on_chain(sched, n: Node, conv: Node) -> bool:
+    """Whether ``n`` is the convolution or a value the epilogue computes from it (not in
+    memory, not a broadcast operand)."""
+    return n is conv or (n.op != "broadcast_in_dim" and not sched.is_materialized(n))
+
+
+def _whole(sched, t: Node, conv: Node) -> bool:
+    """A float32 tensor in memory with the convolution output's shape (read as is)."""
+    return (
+        t is not conv
+        and t.dtype == DType.f32
+        and sched.is_materialized(t)
+        and tuple(t.shape) == tuple(conv.shape)
+    )
 
 
 def _scalar(b: Node) -> float | None:
