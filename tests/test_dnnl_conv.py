@@ -348,6 +348,10 @@ class _ConvThen(torch.nn.Module):
             y = torch.relu(self.bn(y) + r)
         elif self.then == "sigmoid":
             y = torch.sigmoid(self.bn(y))
+        elif self.then == "times_tensor":  # a tensor multiplied: no post-op
+            y = torch.relu(y * r)
+        elif self.then == "minus_tensor":
+            y = torch.relu(y - r)
         return self.next(y)
 
 
@@ -359,17 +363,19 @@ class _ConvThen(torch.nn.Module):
         ("minus_relu", 0x43),  # x - v, then max(x, 0)
         ("skip", 0x4521),  # x * scale + shift + r, then max(x, 0)
         ("sigmoid", 0),  # not a post-op anyshape sends: the kernel's epilogue loop
+        ("times_tensor", 0),
+        ("minus_tensor", 0),
     ],
 )
 def test_a_convolution_epilogue_runs_as_onednn_post_ops(then, code, k):
-    """Batch norm, a skip add and ReLU after a channels-last convolution run inside
-    oneDNN's convolution as post-ops (the site's code in ``dnnl.h``'s spelling; a 1x1
+    """With ``conv_post_ops``, batch norm, a skip add and ReLU after a channels-last
+    convolution run inside oneDNN's convolution as post-ops (the site's code in ``dnnl.h``'s spelling; a 1x1
     convolution with them runs there rather than on the matmul); other epilogues stay the
     kernel's loop. Either way every size agrees with eager: empty batches, one image,
     several, sizes never seen."""
     torch.manual_seed(7)
     model = _ConvThen(then, k).eval()
-    opt = anyshape.optimize(model, (torch.randn(2, 6, 9, 8),), backend="cpu")
+    opt = anyshape.optimize(model, (torch.randn(2, 6, 9, 8),), backend="cpu", conv_post_ops=True)
     source = _source(opt)
     codes = re.findall(r"as_conv_site\(&dnnl_sites, [^;]*, (\d+)\);", source)
     codes += re.findall(r"static AsConvSite dnnl_site = \{[^}]*, (\d+), \{", source)
@@ -378,3 +384,25 @@ def test_a_convolution_epilogue_runs_as_onednn_post_ops(then, code, k):
         for shape in [(2, 6, 9, 8), (0, 6, 5, 5), (1, 6, 1, 1), (3, 6, 13, 7), (1, 6, 32, 30)]:
             x = torch.randn(*shape)
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [3, 1])
+def test_nan_through_relu_stays_nan_unless_post_ops_are_asked_for(k):
+    """oneDNN's ReLU post-op turns NaN into 0 where torch keeps it: by default no
+    epilogue runs as post-ops and a NaN pixel stays NaN as in eager; ``conv_post_ops``
+    trades that for speed (what it computes on finite inputs is eager's)."""
+    torch.manual_seed(8)
+    model = _ConvThen("bn_relu", k).eval()
+    x = torch.randn(2, 6, 9, 8)
+    x[0, :, 4, 4] = float("nan")
+    with torch.no_grad():
+        want = model(x)
+        exact = anyshape.optimize(model, (torch.randn(2, 6, 9, 8),), backend="cpu")
+        assert "post_operands" not in _source(exact)
+        got = exact(x)
+        assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.isnan(want).any()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+        fast = anyshape.optimize(model, (torch.randn(2, 6, 9, 8),), conv_post_ops=True)
+        assert "post_operands" in _source(fast)
+        finite = torch.randn(3, 6, 11, 7)
+        torch.testing.assert_close(fast(finite), model(finite), rtol=1e-4, atol=1e-4)

@@ -149,8 +149,8 @@ def _emit_conv(scope: KernelScope, root: Node) -> list:
 def _fusion(scope: KernelScope, root: Node, epilogue: Node) -> conv_emit.Fusion | None:
     """The epilogue of a channels-last convolution oneDNN runs as post-ops, if it can."""
     route = scope.sched.routes.get(id(root))
-    if route is None or route.as_matmul or not root.attr("channels_last", False):
-        return None  # (oneDNN's matmul with post-ops left brgemm for gemm:jit: slower)
+    if route is None or not route.post_ops:  # (routes.py: the option, channels last)
+        return None
     ops = post_ops(scope.sched, root, epilogue)
     if ops is None:
         return None

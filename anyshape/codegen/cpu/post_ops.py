@@ -11,7 +11,8 @@ materialized vector of one value per output channel, broadcast along the last di
 ``x + t`` (``t`` a materialized tensor of the output's shape: a residual block's skip
 add) and ``max(x, 0)`` becomes a post-op code (``dnnl.h``: 4 bits per op, the first op
 lowest). Anything else stays the kernel's epilogue loop, which also runs wherever
-oneDNN declines the post-ops.
+oneDNN declines the post-ops. Only with the ``conv_post_ops`` option: oneDNN's ReLU
+turns NaN into 0 (``maxps``; none of its post-ops keeps NaN) where eager keeps it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def post_ops(sched, conv: Node, epilogue: Node) -> PostOps | None:
     epilogue is not such a chain."""
     if conv.dtype != DType.f32 or epilogue.dtype != DType.f32 or epilogue.shape != conv.shape:
         return None
+    if not conv.attr("channels_last", False):
+        return None  # (the channels are the last dim)
     channels = conv.shape[-1]
     ops: list[tuple[int, Node | None]] = []
     n = epilogue
@@ -101,6 +104,8 @@ def _scalar(b: Node) -> float | None:
 
 def _per_channel(sched, b: Node, channels, rank: int) -> Node | None:
     """The materialized float32 vector ``b`` broadcasts along the last (channel) dim."""
+    if b.op != "broadcast_in_dim":
+        return None  # (a tensor in memory multiplied or subtracted: no post-op)
     (v,) = b.inputs
     if tuple(b.attr("dims")) != (rank - 1,) or tuple(v.shape) != (channels,):
         return None

@@ -26,9 +26,10 @@ not see whether the oneDNN package is installed).
   over the batch's pixels (one GEMM per call), whose one primitive serves every
   batch and image size, where it beats the BLAS path at that row count (the linear layers' rule: with AVX2,
   ResNet-50's wide 1x1 layers at 144 pixels ran at 143-160 GFLOP/s through the
-  matmul against 230-240 through OpenBLAS). One whose epilogue oneDNN can run as
-  post-ops (``post_ops.py``: batch norm, ReLU, a skip add) runs on oneDNN's
-  convolution with them instead, one image at a time: ResNet-50 restricted to
+  matmul against 230-240 through OpenBLAS). With ``conv_post_ops``, a
+  convolution whose epilogue oneDNN can run as post-ops (``post_ops.py``: batch
+  norm, ReLU, a skip add) runs them there, and a 1x1 one runs on oneDNN's
+  convolution one image at a time instead of the matmul: ResNet-50 restricted to
   AVX2 2x192 55.0 -> 54.1 ms, 4x160 82.4 -> 76.3, 4x224 152.9 -> 146.9 (AVX-512
   level to 1 % faster).
 """
@@ -54,10 +55,15 @@ class CpuSettings:
 
     dnnl_matmul: str = "auto"  # one of the option's choices (config.py)
     dnnl_conv: str = "channels_last"  # one of the option's choices (config.py)
+    conv_post_ops: bool = False  # convolution epilogues as oneDNN post-ops (post_ops.py)
 
     @staticmethod
     def from_options(options: Options) -> CpuSettings:
-        return CpuSettings(dnnl_matmul=options.dnnl_matmul, dnnl_conv=options.dnnl_conv)
+        return CpuSettings(
+            dnnl_matmul=options.dnnl_matmul,
+            dnnl_conv=options.dnnl_conv,
+            conv_post_ops=options.conv_post_ops,
+        )
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,7 @@ class Route:
     weight: Node
     as_matmul: bool = False  # a channels-last 1x1 convolution run as oneDNN's matmul
     always: bool = False  # the matmul runs every row count (else per ISA, as_matmul_pays)
+    post_ops: bool = False  # the convolution's epilogue runs as oneDNN post-ops (post_ops.py)
 
     @property
     def description(self) -> str:
@@ -106,10 +113,16 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
     ):
         return None
     epilogue = sched.epilogues.get(id(root))
-    fuses = epilogue is not None and post_ops(sched, root, epilogue) is not None
+    fuses = (
+        settings.conv_post_ops
+        and channels_last
+        and epilogue is not None
+        and post_ops(sched, root, epilogue) is not None
+    )
     as_matmul = _runs_as_matmul(root) and not fuses
     header = "dnnl_matmul.h" if as_matmul else "dnnl_conv.h"
-    return Route(header, root.inputs[1], as_matmul, always=settings.dnnl_matmul == "always")
+    always = settings.dnnl_matmul == "always"
+    return Route(header, root.inputs[1], as_matmul, always, post_ops=fuses)
 
 
 def _runs_as_matmul(root: Node) -> bool:
