@@ -380,6 +380,8 @@ def test_a_convolution_epilogue_runs_as_onednn_post_ops(then, code, k):
     codes = re.findall(r"as_conv_site\(&dnnl_sites, [^;]*, (\d+)\);", source)
     codes += re.findall(r"static AsConvSite dnnl_site = \{[^}]*, (\d+), \{", source)
     assert [int(c) for c in codes if int(c)] == ([code] if code else []), codes
+    described = opt.report.clusters[0].compiled.native.kernel_descriptions
+    assert any("as post-ops" in d for d in described) == bool(code), described
     with torch.no_grad():
         for shape in [(2, 6, 9, 8), (0, 6, 5, 5), (1, 6, 1, 1), (3, 6, 13, 7), (1, 6, 32, 30)]:
             x = torch.randn(*shape)

@@ -81,6 +81,8 @@ class Route:
         what = "oneDNN matmul" if self.header == "dnnl_matmul.h" else "oneDNN convolution"
         if self.header == "dnnl_matmul.h" and not self.always:
             what += " where it wins"
+        if self.post_ops:
+            what += " with its epilogue as post-ops"
         return f"{what}, weight {self.weight.attr('name')}"
 
 
