@@ -118,17 +118,20 @@ def _im2col_tap(c: _Conv) -> list[str]:
 
 @dataclass(frozen=True)
 class Fusion:
-    """The epilogue as oneDNN post-ops (``post_ops.py``): their code, their operands (read
-    at image ``n``) and the epilogue's output, which a fused call writes."""
+    """The epilogue as oneDNN post-ops (``post_ops.py``): their code, their operands'
+    buffers (each a per-channel vector, or a tensor of the output's shape: ``True``) and
+    the epilogue's output, which a fused call writes."""
 
     code: int
-    operands: list[str]  # C expressions: per-channel vectors, or this image's part of a tensor
+    operands: list[tuple[str, bool]]
     out: str
 
 
-def _operands(fusion: Fusion) -> str:
+def _operands(c: _Conv, fusion: Fusion) -> str:
     """The declaration of ``post_operands``, the post-ops' operands at image ``n``."""
-    return f"const float* const post_operands[] = {{{', '.join(fusion.operands or ['nullptr'])}}};"
+    image = f" + n * {c.P} * {c.OC}"
+    ptrs = [f"(const float*){p}" + (image if whole else "") for p, whole in fusion.operands]
+    return f"const float* const post_operands[] = {{{', '.join(ptrs or ['nullptr'])}}};"
 
 
 def _dnnl_site(
@@ -147,14 +150,14 @@ def _dnnl_site(
     not run it, 1 where it ran, 2 where it also ran ``fusion``'s post-ops into ``z``."""
     w = f"(const float*){c.pw}"
     post = str(fusion.code) if fusion else "0"
-    vectors = "post_operands" if fusion else "nullptr"  # (``_operands``, before the call)
+    operands = "post_operands" if fusion else "nullptr"  # (``_operands``, before the call)
     if route.as_matmul:  # (no post-ops: oneDNN's matmul with them left brgemm for gemm:jit)
         site = dnnl_site("AsMatmulSite", [c.CG, c.OC, "1", str(int(route.always))])
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {rows or c.P})"
     else:
         static = [*c.kernel, *c.stride, *c.pad, *c.dil, int(c.channels_last)]
         site = dnnl_site("AsConvSite", [c.CG, c.OC, *map(str, static), post])
-        call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]}, {vectors}, {z})"
+        call = f"as_dnnl_conv2d(&dnnl_site, {x}, {w}, {y}, {c.ins[0]}, {c.ins[1]}, {operands}, {z})"
     return site, call
 
 
@@ -245,7 +248,7 @@ def _conv_channels_last(
         )
         runs = (
             "if (dnnl_runs) {",
-            *(["  " + _operands(fusion)] if fusion else []),
+            *(["  " + _operands(c, fusion)] if fusion else []),
             f"  const int r = {call};",
             "  ran = r > 0;",
             "  fused = r == 2;",

@@ -63,7 +63,6 @@ AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t 
   dnnl_dims_t strides = {s->sh, s->sw}, dil = {s->dh - 1, s->dw - 1};
   dnnl_dims_t pl = {s->ph, s->pw}, pr = {prh, prw};
   dnnl_memory_desc_t src_any = nullptr, wei_any = nullptr, dst_any = nullptr;
-  dnnl_primitive_attr_t attr = nullptr;
   dnnl_primitive_desc_t pd = nullptr;
   dnnl_dims_t per_channel = {1, s->o, 1, 1}, per_channel_st = {s->o, 1, 1, 1};
   bool ok =
@@ -72,35 +71,32 @@ AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t 
       dnnl_memory_desc_create_with_tag(&src_any, 4, src, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
       dnnl_memory_desc_create_with_tag(&wei_any, 4, wei, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
       dnnl_memory_desc_create_with_tag(&dst_any, 4, dst, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0;
-  // With the epilogue as post-ops where oneDNN takes them, else without (the caller's
-  // epilogue runs).
-  for (int with_post = s->post != 0; ok && !pd && with_post >= 0; --with_post) {
-    if (with_post) {
-      if (!e->vector)
-        ok = dnnl_memory_desc_create_with_strides(&e->vector, 4, per_channel, AS_DNNL_F32,
-                                                  per_channel_st) == 0;
-      if (!ok) break;
-    } else if (e->vector) {
-      dnnl_memory_desc_destroy(e->vector);
-      e->vector = nullptr;
-    }
+  // The primitive's description, with the site's post-ops where oneDNN takes them (e->vector
+  // describes their per-channel vectors), else without (the caller's epilogue runs).
+  auto describe = [&](bool with_post) -> dnnl_primitive_desc_t {
+    dnnl_primitive_attr_t attr = nullptr;
+    dnnl_primitive_desc_t pd = nullptr;
+    const bool made =
+        dnnl_primitive_attr_create(&attr) == 0 &&
+        dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
+        (!with_post || as_dnnl_post_ops(attr, s->post, e->vector, e->dst_plain)) &&
+        dnnl_convolution_forward_primitive_desc_create(
+            &pd, as_dnnl_engine(), AS_DNNL_FORWARD_INFERENCE, AS_DNNL_CONVOLUTION_DIRECT, src_any,
+            wei_any, nullptr, dst_any, strides, dil, pl, pr, attr) == 0 &&
+        (!with_post || as_dnnl_post_args_known(pd, s->post, 4 * s->o,
+                                               (int64_t)dnnl_memory_desc_get_size(e->dst_plain)));
     if (attr) dnnl_primitive_attr_destroy(attr);
-    attr = nullptr;
-    bool made = dnnl_primitive_attr_create(&attr) == 0 &&
-                dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
-                (!with_post || as_dnnl_post_ops(attr, s->post, e->vector, e->dst_plain)) &&
-                dnnl_convolution_forward_primitive_desc_create(
-                    &pd, as_dnnl_engine(), AS_DNNL_FORWARD_INFERENCE, AS_DNNL_CONVOLUTION_DIRECT,
-                    src_any, wei_any, nullptr, dst_any, strides, dil, pl, pr, attr) == 0;
-    if (made && with_post &&
-        !as_dnnl_post_args_known(pd, s->post, 4 * s->o,
-                                 (int64_t)dnnl_memory_desc_get_size(e->dst_plain)))
-      made = false;
-    if (!made && pd) {
-      dnnl_primitive_desc_destroy(pd);
-      pd = nullptr;
-    }
+    if (!made && pd) dnnl_primitive_desc_destroy(pd);
+    return made ? pd : nullptr;
+  };
+  if (ok && s->post && dnnl_memory_desc_create_with_strides(&e->vector, 4, per_channel,
+                                                            AS_DNNL_F32, per_channel_st) == 0)
+    pd = describe(true);
+  if (!pd && e->vector) {
+    dnnl_memory_desc_destroy(e->vector);
+    e->vector = nullptr;
   }
+  if (ok && !pd) pd = describe(false);
   ok = ok && pd &&
       dnnl_primitive_create(&e->conv, pd) == 0 &&
       dnnl_memory_desc_clone(&e->src, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SRC_MD, 0)) == 0 &&
@@ -108,7 +104,7 @@ AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t 
       dnnl_memory_desc_clone(&e->dst, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_DST_MD, 0)) == 0 &&
       dnnl_memory_desc_clone(&e->scratch, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SCRATCHPAD_MD, 0)) == 0;
   dnnl_memory_desc_t described[] = {src_any, wei_any, dst_any};
-  as_dnnl_release(pd, attr, described, 3);
+  as_dnnl_release(pd, nullptr, described, 3);
   if (ok && !dnnl_memory_desc_equal(e->src_plain, e->src))
     ok = (e->to_conv = as_dnnl_reorder(e->src_plain, e->src)) != nullptr;
   if (ok && !dnnl_memory_desc_equal(e->dst, e->dst_plain))

@@ -37,7 +37,6 @@ from .expr import KernelScope
 from .hoist import hoist_invariants
 from .loop_ir import if_, stmt, text, write
 from .loop_nest import ROW_SPLIT_WORK, loop_vars, nest_open, statements, store
-from .post_ops import post_ops
 from .reduce_emit import emit_argreduce, emit_cumulative, emit_reduce
 from .stitch_emit import StitchScope, emit_stitch, row_tail
 
@@ -147,18 +146,13 @@ def _emit_conv(scope: KernelScope, root: Node) -> list:
 
 
 def _fusion(scope: KernelScope, root: Node, epilogue: Node) -> conv_emit.Fusion | None:
-    """The epilogue of a channels-last convolution oneDNN runs as post-ops, if it can."""
+    """The epilogue of a channels-last convolution oneDNN runs as post-ops (``routes.py``
+    decided), its operands' buffers."""
     route = scope.sched.routes.get(id(root))
-    if route is None or not route.post_ops:  # (routes.py: the option, channels last)
-        return None
-    ops = post_ops(scope.sched, root, epilogue)
+    ops = route.post_ops if route is not None else None
     if ops is None:
         return None
-    image = scope.dim(shape_numel(root.shape[1:]))
-    operands = [
-        f"(const float*){scope.ptr(v)}" + (f" + n * {image}" if whole else "")
-        for v, whole in zip(ops.operands, ops.tensors)
-    ]
+    operands = [(scope.ptr(v), whole) for v, whole in zip(ops.operands, ops.tensors)]
     return conv_emit.Fusion(ops.code, operands, scope.ptr(epilogue))
 
 

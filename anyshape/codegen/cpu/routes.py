@@ -46,7 +46,7 @@ from ...passes.channels_last import onednn_convolution
 from ...schedule.hooks import after_planning
 from ...schedule.plan import Schedule, plan_schedule
 from .costs import CPU_COSTS
-from .post_ops import post_ops
+from .post_ops import PostOps, post_ops
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Route:
     weight: Node
     as_matmul: bool = False  # a channels-last 1x1 convolution run as oneDNN's matmul
     always: bool = False  # the matmul runs every row count (else per ISA, as_matmul_pays)
-    post_ops: bool = False  # the convolution's epilogue runs as oneDNN post-ops (post_ops.py)
+    post_ops: PostOps | None = None  # the convolution's epilogue as oneDNN post-ops
 
     @property
     def description(self) -> str:
@@ -115,16 +115,13 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
     ):
         return None
     epilogue = sched.epilogues.get(id(root))
-    fuses = (
-        settings.conv_post_ops
-        and channels_last
-        and epilogue is not None
-        and post_ops(sched, root, epilogue) is not None
-    )
-    as_matmul = _runs_as_matmul(root) and not fuses
+    fused = None
+    if settings.conv_post_ops and epilogue is not None:
+        fused = post_ops(sched, root, epilogue)  # (None for channels first)
+    as_matmul = _runs_as_matmul(root) and fused is None
     header = "dnnl_matmul.h" if as_matmul else "dnnl_conv.h"
     always = settings.dnnl_matmul == "always"
-    return Route(header, root.inputs[1], as_matmul, always, post_ops=fuses)
+    return Route(header, root.inputs[1], as_matmul, always, post_ops=fused)
 
 
 def _runs_as_matmul(root: Node) -> bool:
