@@ -278,3 +278,42 @@ def test_a_broadcast_the_emitter_matches_away_leaves_no_variant():
     x = np.arange(5, dtype=np.float32)
     (y,) = exe([x, np.ones(5, np.float32)], [])
     np.testing.assert_allclose(y, x * x)
+
+
+ATTENTION_SOFTMAX = """graph @scores(%x: f32[s0, 4, s1, s1], %y: f32[s0, 4, s2, s1]) {
+  %0 = reduce(%x) {axes=[3], kind="max"} : f32[s0, 4, s1]
+  %1 = broadcast_in_dim(%0) {dims=[0, 1, 2], shape=[s0, 4, s1, s1]} : f32[s0, 4, s1, s1]
+  %2 = sub(%x, %1) : f32[s0, 4, s1, s1]
+  %3 = exp(%2) : f32[s0, 4, s1, s1]
+  %4 = reduce(%3) {axes=[3], kind="sum"} : f32[s0, 4, s1]
+  %5 = broadcast_in_dim(%4) {dims=[0, 1, 2], shape=[s0, 4, s1, s1]} : f32[s0, 4, s1, s1]
+  %6 = div(%3, %5) : f32[s0, 4, s1, s1]
+  %7 = reduce(%y) {axes=[3], kind="max"} : f32[s0, 4, s2]
+  %8 = broadcast_in_dim(%7) {dims=[0, 1, 2], shape=[s0, 4, s2, s1]} : f32[s0, 4, s2, s1]
+  %9 = sub(%y, %8) : f32[s0, 4, s2, s1]
+  %10 = exp(%9) : f32[s0, 4, s2, s1]
+  %11 = reduce(%10) {axes=[3], kind="sum"} : f32[s0, 4, s2]
+  %12 = broadcast_in_dim(%11) {dims=[0, 1, 2], shape=[s0, 4, s2, s1]} : f32[s0, 4, s2, s1]
+  %13 = div(%10, %12) : f32[s0, 4, s2, s1]
+  return %6, %13
+}
+"""
+
+
+def test_rows_that_count_their_own_length_get_no_split_variant():
+    """Self-attention's scores [B, H, S, S]: a row long enough to split comes with that
+    many rows or more, so the split variant could never run and is not compiled; a
+    cross-attention's [B, H, T, S] (T queries, S keys) keeps it."""
+    exe = CpuExecutable(parse_graph(ATTENTION_SOFTMAX), [], num_threads=THREADS)
+    self_attention, cross_attention = exe.kernel_descriptions
+    assert "split over threads" not in self_attention, self_attention
+    assert "4*s0*s2 rows < threads and rows longer than" in cross_attention, cross_attention
+    assert exe.source.count("< omp_get_max_threads()") == 1
+    rng = np.random.default_rng(2)
+    for b, s, t in [(1, 7, 1), (2, 33, 3), (0, 5, 2), (1, 1, 1)]:
+        x = (3 * rng.standard_normal((b, 4, s, s))).astype(np.float32)
+        y = (3 * rng.standard_normal((b, 4, t, s))).astype(np.float32)
+        for got, z in zip(exe([x, y], []), (x, y)):
+            want = np.exp(z - z.max(-1, keepdims=True)) if z.size else z
+            want = want / want.sum(-1, keepdims=True) if z.size else z
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -171,7 +171,7 @@ def test_overlapping_captures_on_two_threads_put_torchs_functions_back():
 
     from anyshape.frontends.torch.traced_forms import traced_forms
 
-    originals = F.relu, F.batch_norm, F.max_pool1d
+    originals = F.relu, F.batch_norm, F.max_pool1d, F.linear, F.dropout
     a_inside, b_inside, a_done = threading.Event(), threading.Event(), threading.Event()
 
     def capture_a():
@@ -188,9 +188,98 @@ def test_overlapping_captures_on_two_threads_put_torchs_functions_back():
         a_done.wait(10)
         assert F.relu is not originals[0]  # still swapped: this capture runs on
     t.join()
-    assert (F.relu, F.batch_norm, F.max_pool1d) == originals
+    assert (F.relu, F.batch_norm, F.max_pool1d, F.linear, F.dropout) == originals
     with torch.no_grad():  # and a later export of the user's own records torch's relu
         ep = torch.export.export(torch.nn.ReLU(), (torch.randn(3),), strict=False)
     assert [str(n.target) for n in ep.graph.nodes if n.op == "call_function"] == [
         "aten.relu.default"
     ]
+
+
+class Projections(torch.nn.Module):
+    """Linear layers with and without a bias and eval-mode dropout, one on the input."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(6, 5, bias=False)
+        self.b = torch.nn.Linear(5, 3)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        y = self.b(self.drop(self.a(self.drop(x))))
+        return torch.nn.functional.linear(y, self.b.weight[:, :3]), self.drop(y)
+
+
+def test_linear_and_dropout_are_recorded_as_torch_records_them():
+    from anyshape.frontends.torch import traced_forms
+
+    model = Projections().eval()
+    x = torch.randn(2, 7, 6)
+    dims = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
+    with torch.no_grad():
+        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
+    seen = []
+    real = traced_forms.linear_opaque, traced_forms.dropout_eval
+
+    def counting(real):
+        def op(*args):
+            seen.append(real)
+            return real(*args)
+
+        return op
+
+    traced_forms.linear_opaque, traced_forms.dropout_eval = map(counting, real)
+    try:
+        ours = _export(model, (x,), {}, dims)
+    finally:
+        traced_forms.linear_opaque, traced_forms.dropout_eval = real
+    assert seen.count(real[0]) == 3 and seen.count(real[1]) == 3  # every call went opaque
+    assert _calls(ours.graph) == _calls(torch_own.graph)
+    compiled = anyshape.optimize(model, (x,))
+    for shape in [(1, 1, 6), (3, 9, 6), (0, 4, 6), (2, 0, 6)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            for got, want in zip(compiled(x), model(x)):
+                torch.testing.assert_close(got, want)
+
+
+class OnlyDropout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(x)
+
+
+def test_a_model_that_is_eval_dropout_returns_its_input():
+    compiled = anyshape.optimize(OnlyDropout().eval(), (torch.randn(3, 4),))
+    for shape in [(1, 1), (5, 2), (0, 3)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), x, rtol=0, atol=0)
+
+
+class WrongWidth(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+def test_a_linear_of_the_wrong_width_is_a_capture_error_naming_it():
+    with pytest.raises(CaptureError, match="linear"):
+        capture_export(WrongWidth().eval(), (torch.randn(2, 3),))
+
+
+def test_linear_and_dropout_elsewhere_meanwhile_run_as_torch_runs_them():
+    from anyshape.frontends.torch.traced_forms import opaque_dropout, opaque_linear
+
+    w = torch.randn(3, 5)
+    _elsewhere_and_with_autograd_torch_runs(
+        opaque_linear, lambda x: torch.nn.functional.linear(x, w), (2, 5)
+    )
+    drop = torch.nn.Dropout(0.2).eval()
+    _elsewhere_and_with_autograd_torch_runs(opaque_dropout, drop, (4, 3))

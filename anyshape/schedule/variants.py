@@ -52,6 +52,10 @@ def plan_split_variant(sched, root, costs) -> SplitVariant | None:
         return None
     elif isinstance(root.shape[-1], int) and root.shape[-1] < costs.split_row_min:
         return None
+    elif root.shape[-1] in root.shape[:-1] and costs.split_row_min >= costs.split_rows_max:
+        # Rows that count the row's own length (self-attention's [B, H, S, S] scores): a
+        # row long enough to split makes that many rows or more, too many to split.
+        return None
     else:
         extent, noun = shape_numel(root.shape[:-1]), "rows"
         what = "each row's reductions and pass" if stitched else "the last dim"

@@ -14,6 +14,19 @@ Part of capture (``capture.py``), around ``torch.export``:
   input. torch traces ``aten.relu`` through its Python reference (``where(x <= 0, 0,
   x)``: broadcasting and stride checks in sympy), about 9 ms a call on ResNet-50's
   image sizes against under 1 ms; restored to ``aten.relu`` the same way.
+- ``opaque_linear``: ``F.linear`` traced as one opaque op shaped ``[..., out]``.
+  torch traces ``aten.linear`` through its composite (a transpose and a ``matmul``
+  whose Python decomposition folds and unfolds the batch dims in sympy). Restored to
+  ``aten.linear``.
+- ``opaque_dropout``: eval-mode ``F.dropout`` (which returns its input) traced as one
+  opaque op shaped like its input, where torch's trace clones it through the Python
+  reference; restored to ``aten.dropout(x, p, False)``. With the linear form: T5-small's
+  capture (32 linear layers and 18 dropouts traced) 1.12 -> 1.04 s, BERT-base's
+  0.56 -> 0.53 s (AVX-512 Zen 5).
+
+``F.linear`` is C++, so the swapped function follows the protocol of torch's Python
+functions (``handle_torch_function`` while export's function modes are on): the modes
+call it again with themselves off, and it records the opaque op then.
 
 The opaque ops' outputs are dense row-major tensors of the input's shape: anyshape
 lowers values, not strides, and a view torch traces on such an output is one eager
@@ -27,12 +40,15 @@ import functools
 
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
 
 from .swaps import on_capturing_thread, swapped
 
 __all__ = [
     "max_pool1d_as_2d",
     "opaque_batch_norm",
+    "opaque_dropout",
+    "opaque_linear",
     "opaque_relu",
     "restore_traced_forms",
     "traced_forms",
@@ -82,6 +98,47 @@ def _(x):
 _RELU_OPAQUE = torch.ops.anyshape.relu_opaque.default
 
 
+@torch.library.custom_op("anyshape::linear_opaque", mutates_args=())
+def linear_opaque(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+@linear_opaque.register_fake
+def _(x, weight, bias):
+    # (torch's own check, as the composite's matmul makes it: the same guard on the sizes)
+    torch._check(
+        x.shape[-1] == weight.shape[1],
+        lambda: f"linear: input {tuple(x.shape)} against weight {tuple(weight.shape)}",
+    )
+    if bias is not None:
+        torch._check(
+            bias.shape[0] == weight.shape[0],
+            lambda: f"linear: bias {tuple(bias.shape)} for {weight.shape[0]} outputs",
+        )
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+_LINEAR_OPAQUE = torch.ops.anyshape.linear_opaque.default
+
+
+@torch.library.custom_op("anyshape::dropout_eval", mutates_args=())
+def dropout_eval(x: torch.Tensor, p: float) -> torch.Tensor:
+    return x.clone()  # (eager returns ``x`` itself; an op's output may not alias its input)
+
+
+@dropout_eval.register_fake
+def _(x, p):
+    return x.new_empty(x.shape)
+
+
+_DROPOUT_EVAL = torch.ops.anyshape.dropout_eval.default
+
+
+# Tensors a capture traces (the fake tensors of inputs and parameters); a subclass of the
+# user's keeps torch's function.
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, FakeTensor)
+
+
 def _swapped(name: str, make):
     """``F.<name>`` replaced by ``make(torch's function)`` while any capture runs (``swaps``)."""
     return swapped(F, name, make)
@@ -95,6 +152,8 @@ def traced_forms(opaque: bool = True):
         max_pool1d_as_2d(),
         opaque_batch_norm() if opaque else contextlib.nullcontext(),
         opaque_relu() if opaque else contextlib.nullcontext(),
+        opaque_linear() if opaque else contextlib.nullcontext(),
+        opaque_dropout() if opaque else contextlib.nullcontext(),
     ):
         yield
 
@@ -118,6 +177,69 @@ def opaque_relu():
         return relu
 
     return _swapped("relu", make)
+
+
+def opaque_linear():
+    """``F.linear`` as ``anyshape::linear_opaque`` while the body runs, on capturing
+    threads, without autograd, for a 2-D weight, a 1-D bias or none, one dtype and no
+    tensor subclass (anything else as torch traces it)."""
+
+    def make(original):
+        def linear(input, weight, bias=None):
+            # (torch's Python functions' protocol: export's function modes call this again
+            # with them off; ``F.linear`` itself is C++ and would hand them torch's op)
+            if torch.overrides.has_torch_function_variadic(input, weight, bias):
+                return torch.overrides.handle_torch_function(
+                    linear, (input, weight, bias), input, weight, bias=bias
+                )
+            plain = (
+                on_capturing_thread(F, "linear")
+                and not torch.is_grad_enabled()
+                and isinstance(input, torch.Tensor)
+                and isinstance(weight, torch.Tensor)
+                and input.dim() >= 1
+                and weight.dim() == 2
+                and input.dtype == weight.dtype
+                and (
+                    bias is None
+                    or isinstance(bias, torch.Tensor)
+                    and bias.dim() == 1
+                    and bias.dtype == weight.dtype
+                )
+                and all(type(t) in _PLAIN_TENSORS for t in (input, weight, bias) if t is not None)
+            )
+            if not plain:
+                return original(input, weight, bias)
+            return linear_opaque(input, weight, bias)
+
+        return linear
+
+    return _swapped("linear", make)
+
+
+def opaque_dropout():
+    """``F.dropout`` in eval mode, out of place, as ``anyshape::dropout_eval`` while the
+    body runs, on capturing threads, without autograd (anything else as torch traces it)."""
+
+    def make(original):
+        def dropout(input, p=0.5, training=True, inplace=False):
+            plain = (
+                not training
+                and not inplace
+                and on_capturing_thread(F, "dropout")
+                and not torch.is_grad_enabled()
+                and isinstance(input, torch.Tensor)
+                and isinstance(p, (int, float))
+                and 0.0 <= p <= 1.0  # (torch's own error otherwise)
+                and not torch.overrides.has_torch_function_unary(input)
+            )
+            if not plain:
+                return original(input, p, training, inplace)
+            return dropout_eval(input, float(p))
+
+        return dropout
+
+    return _swapped("dropout", make)
 
 
 def opaque_batch_norm():
@@ -155,10 +277,18 @@ def opaque_batch_norm():
 
 
 def restore_traced_forms(ep) -> None:
-    """Each ``anyshape::batch_norm_eval`` of ``ep``'s graph as the ``aten.batch_norm`` node
-    torch records for the call, each ``anyshape::relu_opaque`` as ``aten.relu`` (its metadata kept; the graph's Python is generated where
-    it runs, ``capture_program``)."""
+    """Each opaque op of ``ep``'s graph as the node torch records for the call:
+    ``aten.batch_norm``, ``aten.relu``, ``aten.linear``, ``aten.dropout`` (its metadata
+    kept; the graph's Python is generated where it runs, ``capture_program``)."""
     for n in ep.graph.nodes:
+        if n.op == "call_function" and n.target is _LINEAR_OPAQUE:
+            x, weight, bias = n.args
+            n.target = torch.ops.aten.linear.default
+            n.args = (x, weight) if bias is None else (x, weight, bias)
+        if n.op == "call_function" and n.target is _DROPOUT_EVAL:
+            x, p = n.args
+            n.target = torch.ops.aten.dropout.default
+            n.args = (x, p, False)
         if n.op == "call_function" and n.target is _RELU_OPAQUE:
             n.target = torch.ops.aten.relu.default
         if n.op == "call_function" and n.target is _BATCH_NORM_EVAL:
