@@ -283,3 +283,84 @@ def test_linear_and_dropout_elsewhere_meanwhile_run_as_torch_runs_them():
     )
     drop = torch.nn.Dropout(0.2).eval()
     _elsewhere_and_with_autograd_torch_runs(opaque_dropout, drop, (4, 3))
+
+
+class UnusualLinears(torch.nn.Module):
+    """A one-element bias (broadcast) and a linear of constants made in ``forward`` (torch
+    folds it while tracing, running the op's own kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 4))
+        self.b = torch.nn.Parameter(torch.randn(1))
+
+    def forward(self, x):
+        folded = torch.nn.functional.linear(torch.tensor([[2.0]]), torch.tensor([[3.0]]))
+        return torch.nn.functional.linear(x, self.w, self.b) + folded
+
+
+def test_a_broadcast_bias_and_a_folded_linear_compile():
+    from anyshape.api import OptimizedModule
+
+    model = UnusualLinears().eval()
+    compiled = anyshape.optimize(model, (torch.randn(5, 4),))
+    assert isinstance(compiled, OptimizedModule)  # (not the Dynamo fallback)
+    for rows in (1, 0, 7):
+        x = torch.randn(rows, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+class AutocastInside(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 4)
+        self.drop = torch.nn.Dropout(0.1)
+
+    def forward(self, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = self.drop(self.lin(x))
+        return y * 2
+
+
+def test_under_autocast_linear_is_traced_as_torch_traces_it():
+    """The opaque ops make no autocast casts, so under autocast torch's own op is traced:
+    the output has eager's dtype and no opaque op is left in any subgraph."""
+    model = AutocastInside().eval()
+    x = torch.randn(3, 8)
+    ep = _export(model, (x,), {}, None)
+    targets = [
+        str(n.target)
+        for m in ep.graph_module.modules()
+        if isinstance(m, torch.fx.GraphModule)
+        for n in m.graph.nodes
+    ]
+    assert not any("anyshape" in t for t in targets), targets
+    with torch.no_grad():
+        assert ep.module()(x).dtype == model(x).dtype == torch.bfloat16
+
+
+def test_another_thread_sees_torchs_own_linear_while_a_capture_runs():
+    """A ``__torch_function__`` type's handler table keyed on ``F.linear`` (torch's
+    documented pattern) works on a thread that is not capturing."""
+    import threading
+
+    import torch.nn.functional as F
+
+    from anyshape.frontends.torch.traced_forms import traced_forms
+
+    seen = []
+
+    class Logged(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return super().__torch_function__(func, types, args, kwargs or {})
+
+    torch_linear = F.linear
+    w = torch.randn(3, 4)
+    with traced_forms():
+        t = threading.Thread(target=lambda: F.linear(torch.randn(2, 4).as_subclass(Logged), w))
+        t.start()
+        t.join()
+    assert seen and seen[0] is torch_linear

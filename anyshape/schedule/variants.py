@@ -52,9 +52,12 @@ def plan_split_variant(sched, root, costs) -> SplitVariant | None:
         return None
     elif isinstance(root.shape[-1], int) and root.shape[-1] < costs.split_row_min:
         return None
-    elif root.shape[-1] in root.shape[:-1] and costs.split_row_min >= costs.split_rows_max:
-        # Rows that count the row's own length (self-attention's [B, H, S, S] scores): a
-        # row long enough to split makes that many rows or more, too many to split.
+    elif root.shape[-1] in root.shape[:-1]:
+        # Rows that count the row's own length (self-attention's [B, H, S, S] scores):
+        # a stitch splits only rows longer than thousands of elements (ROW_SPLIT_WORK
+        # over its cost per element), which come with as many rows, not fewer than
+        # threads; a loop nest with fewer rows than threads has rows as short, all of it
+        # below the parallel threshold, run on one thread either way.
         return None
     else:
         extent, noun = shape_numel(root.shape[:-1]), "rows"

@@ -6,7 +6,10 @@ module attribute for as long as any capture runs. The replacement is installed
 by the first capture to start and removed by the last to end, whichever thread
 that is; it does something else than torch's function only on a thread inside a
 capture that asked for it (``on_capturing_thread``), so another thread's
-``torch.compile`` or ``torch.export`` meanwhile sees torch's behaviour.
+``torch.compile`` or ``torch.export`` meanwhile sees torch's behaviour. (One
+trace of the swap shows there: torch's Python functions, ``F.relu`` say, hand
+``__torch_function__`` the module's current ``F.relu``, the replacement, which
+calls torch's own.)
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ import functools
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from .swaps import on_capturing_thread, swapped
 
@@ -100,7 +101,7 @@ _RELU_OPAQUE = torch.ops.anyshape.relu_opaque.default
 
 @torch.library.custom_op("anyshape::linear_opaque", mutates_args=())
 def linear_opaque(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    return torch.nn.functional.linear(x, weight, bias)
+    return torch._C._nn.linear(x, weight, bias)  # (not ``F.linear``: swapped while capturing)
 
 
 @linear_opaque.register_fake
@@ -139,6 +140,17 @@ _DROPOUT_EVAL = torch.ops.anyshape.dropout_eval.default
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 
 
+def _traced_here(name: str) -> bool:
+    """Whether a call of ``F.<name>`` on this thread takes its traced form: inside a
+    capture that swapped it, without autograd, and without autocast (whose casts the
+    opaque ops would not make)."""
+    return (
+        on_capturing_thread(F, name)
+        and not torch.is_grad_enabled()
+        and not torch._C._is_any_autocast_enabled()
+    )
+
+
 def _swapped(name: str, make):
     """``F.<name>`` replaced by ``make(torch's function)`` while any capture runs (``swaps``)."""
     return swapped(F, name, make)
@@ -166,8 +178,7 @@ def opaque_relu():
         def relu(input, inplace=False):
             if (
                 inplace
-                or not on_capturing_thread(F, "relu")
-                or torch.is_grad_enabled()
+                or not _traced_here("relu")
                 or not isinstance(input, torch.Tensor)
                 or torch.overrides.has_torch_function_unary(input)
             ):
@@ -186,6 +197,8 @@ def opaque_linear():
 
     def make(original):
         def linear(input, weight, bias=None):
+            if not _traced_here("linear"):  # (another thread meanwhile: torch's own)
+                return original(input, weight, bias)
             # (torch's Python functions' protocol: export's function modes call this again
             # with them off; ``F.linear`` itself is C++ and would hand them torch's op)
             if torch.overrides.has_torch_function_variadic(input, weight, bias):
@@ -193,9 +206,7 @@ def opaque_linear():
                     linear, (input, weight, bias), input, weight, bias=bias
                 )
             plain = (
-                on_capturing_thread(F, "linear")
-                and not torch.is_grad_enabled()
-                and isinstance(input, torch.Tensor)
+                isinstance(input, torch.Tensor)
                 and isinstance(weight, torch.Tensor)
                 and input.dim() >= 1
                 and weight.dim() == 2
@@ -205,6 +216,8 @@ def opaque_linear():
                     or isinstance(bias, torch.Tensor)
                     and bias.dim() == 1
                     and bias.dtype == weight.dtype
+                    # (a bias of one element broadcasts: as torch traces it)
+                    and statically_known_true(bias.shape[0] == weight.shape[0])
                 )
                 and all(type(t) in _PLAIN_TENSORS for t in (input, weight, bias) if t is not None)
             )
@@ -226,8 +239,7 @@ def opaque_dropout():
             plain = (
                 not training
                 and not inplace
-                and on_capturing_thread(F, "dropout")
-                and not torch.is_grad_enabled()
+                and _traced_here("dropout")
                 and isinstance(input, torch.Tensor)
                 and isinstance(p, (int, float))
                 and 0.0 <= p <= 1.0  # (torch's own error otherwise)
@@ -252,8 +264,7 @@ def opaque_batch_norm():
                        training=False, momentum=0.1, eps=1e-5):  # fmt: skip
             plain = (
                 not training
-                and on_capturing_thread(F, "batch_norm")
-                and not torch.is_grad_enabled()  # (the op has no derivative)
+                and _traced_here("batch_norm")  # (the op has no derivative)
                 and momentum is not None
                 and isinstance(input, torch.Tensor)
                 and isinstance(running_mean, torch.Tensor)
@@ -277,24 +288,35 @@ def opaque_batch_norm():
 
 
 def restore_traced_forms(ep) -> None:
-    """Each opaque op of ``ep``'s graph as the node torch records for the call:
-    ``aten.batch_norm``, ``aten.relu``, ``aten.linear``, ``aten.dropout`` (its metadata
-    kept; the graph's Python is generated where it runs, ``capture_program``)."""
-    for n in ep.graph.nodes:
-        if n.op == "call_function" and n.target is _LINEAR_OPAQUE:
-            x, weight, bias = n.args
-            n.target = torch.ops.aten.linear.default
-            n.args = (x, weight) if bias is None else (x, weight, bias)
-        if n.op == "call_function" and n.target is _DROPOUT_EVAL:
-            x, p = n.args
-            n.target = torch.ops.aten.dropout.default
-            n.args = (x, p, False)
-        if n.op == "call_function" and n.target is _RELU_OPAQUE:
-            n.target = torch.ops.aten.relu.default
-        if n.op == "call_function" and n.target is _BATCH_NORM_EVAL:
-            x, weight, bias, mean, var, momentum, eps, cudnn = n.args
-            n.target = torch.ops.aten.batch_norm.default
-            n.args = (x, weight, bias, mean, var, False, momentum, eps, cudnn)
+    """Each opaque op of ``ep``'s graphs (its subgraphs too: a higher-order op's body) as
+    the node torch records for the call: ``aten.batch_norm``, ``aten.relu``,
+    ``aten.linear``, ``aten.dropout`` (its metadata kept, less the argument values
+    recorded in the opaque op's layout; the graph's Python is generated where it runs,
+    ``capture_program``)."""
+    for module in ep.graph_module.modules():
+        if isinstance(module, torch.fx.GraphModule):
+            for n in module.graph.nodes:
+                if n.op == "call_function" and n.target in _RESTORE:
+                    n.target, n.args = _RESTORE[n.target](*n.args)
+                    n.meta.pop("eager_input_vals", None)
+
+
+def _linear_node(x, weight, bias):
+    return torch.ops.aten.linear.default, (x, weight) if bias is None else (x, weight, bias)
+
+
+def _batch_norm_node(x, weight, bias, mean, var, momentum, eps, cudnn):
+    return torch.ops.aten.batch_norm.default, (x, weight, bias, mean, var, False, momentum,
+                                                eps, cudnn)  # fmt: skip
+
+
+# Opaque op -> (torch's op, its arguments) from the opaque op's arguments.
+_RESTORE = {
+    _LINEAR_OPAQUE: _linear_node,
+    _DROPOUT_EVAL: lambda x, p: (torch.ops.aten.dropout.default, (x, p, False)),
+    _RELU_OPAQUE: lambda x: (torch.ops.aten.relu.default, (x,)),
+    _BATCH_NORM_EVAL: _batch_norm_node,
+}
 
 
 def max_pool1d_as_2d():
