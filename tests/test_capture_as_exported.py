@@ -161,3 +161,40 @@ def test_convolutions_and_eval_batch_norm_lower_as_exported():
     assert capture_export(same, (torch.randn(2, 3, 6, 8),)).decomposed is True
     with torch.no_grad():
         _matches(same, [(2, 3, 6, 8), (1, 3, 5, 7)])
+
+
+class _WriteThroughEvalDropout(torch.nn.Module):
+    """Eval-mode dropout returns its input itself: a write into its result is a write
+    into the input, which a later read must see (as in eager)."""
+
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        h = x * 1
+        y = torch.nn.functional.dropout(h, 0.1, training=False)
+        y.add_(1)  # h changes too
+        z = self.drop(h * 3)
+        z.mul_(2)  # as the usual `x = dropout(x); x += r`, with the dropout's input unused
+        return h * 2, z
+
+
+class _WriteBeforeEvalDropout(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.2)
+
+    def forward(self, x):
+        h = x * 1
+        y = self.drop(h)
+        h.mul_(3)  # y sees it
+        return y + 0
+
+
+def test_a_write_through_an_eval_dropout_reaches_its_input():
+    for model in (_WriteThroughEvalDropout(), _WriteBeforeEvalDropout()):
+        model.eval()
+        captured = capture_export(model, (torch.randn(3, 4),))
+        assert captured.decomposed is False  # (the writes rewritten: same tensor, alias)
+        _matches(model, [(3, 4), (0, 4), (1, 4), (5, 4)])
