@@ -87,15 +87,17 @@ def _avx512(opt) -> bool:
     return bool(isa() & 0x20)
 
 
-@pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
+@pytest.mark.parametrize("k, n", [(48, 40), (16, 64), (16, 68)])
 def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     """``dnnl_matmul="auto"``: below 4 rows oneDNN's sgemm path (BLAS) wins on every ISA;
-    with AVX-512 the matmul runs from 4 rows up; with AVX2 from 4 to 127 rows, and only
-    for weights at most 3x wider than deep (``as_matmul_pays``, measured per ISA)."""
+    with AVX-512 the matmul runs from 4 rows up; with AVX2 from 4 to 127 rows, for weights
+    at most 3x wider than deep or cut into such panels (``as_matmul_pays``,
+    ``as_matmul_panels``, measured per ISA): 16 x 64 as four 16 x 16 panels; 16 x 68 has
+    no cut (68 has no divisor from 5 to 8), and takes BLAS."""
     torch.manual_seed(7)
     model = torch.nn.Linear(k, n).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
-    wide = n > 3 * k
+    wide = n > 3 * k and _panels(k, n) == 1
     with torch.no_grad():
         for rows, avx512, avx2 in [(1, 0, 0), (3, 0, 0), (4, 1, 1), (127, 1, 1), (128, 1, 0)]:
             x = torch.randn(1, rows, k)
@@ -103,6 +105,66 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
             _close(opt(x), model(x))
             want = avx512 if _avx512(opt) else avx2 and not wide
             assert _runs(opt) - before == want, (rows, _avx512(opt))
+
+
+def _panels(k: int, n: int) -> int:
+    """``as_matmul_panels`` with AVX2: the fewest equal panels of a weight over 3x wider
+    than deep, each at most as wide as deep and a multiple of 8 columns; 1 without."""
+    if n <= 3 * k or k < 8:
+        return 1
+    return next((p for p in range(-(-n // k), n // 8 + 1) if n % p == 0 and n // p % 8 == 0), 1)
+
+
+PANELS_UNDER_AVX2 = """
+import torch, anyshape
+from test_dnnl_matmul import _avx512, _runs
+
+
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(24, 96)  # [n, k] as the model holds it: 4 panels of 24
+        self.w = torch.nn.Parameter(torch.randn(24, 80) / 5)  # [k, n]: 5 panels of 16
+
+    def forward(self, x):
+        return self.up(x), x @ self.w
+
+
+torch.manual_seed(3)
+model = Wide().eval()
+opt = anyshape.optimize(model, (torch.randn(2, 5, 24),), dnnl_matmul="always")
+assert not _avx512(opt)
+with torch.no_grad():
+    for step, (b, s) in enumerate([(1, 1), (2, 5), (3, 64), (1, 130), (0, 4), (2, 7)]):
+        if step == 4:
+            model.up.weight.mul_(-0.5)  # packed panels follow the live weights
+            model.w.mul_(2.0)
+        x = torch.randn(b, s, 24)
+        before = _runs(opt)
+        for got, want in zip(opt(x), model(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        assert _runs(opt) - before == (2 if b * s else 0), (b, s)
+print("panels ok")
+"""
+
+
+def test_wide_weights_run_as_panels_with_avx2(tmp_path):
+    """With oneDNN capped to AVX2 (a new process: the cap is read once), wide weights in
+    both layouts run as one matmul per column panel, strided into the output: results as
+    eager's at every row count, and after the weights change in place."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    assert [_panels(24, 96), _panels(24, 80), _panels(768, 3072), _panels(16, 68)] == [4, 5, 4, 1]
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ANYSHAPE_CACHE_DIR=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", PANELS_UNDER_AVX2], env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0 and "panels ok" in done.stdout, done.stderr[-3000:]
 
 
 def test_weights_changed_in_place_are_seen():

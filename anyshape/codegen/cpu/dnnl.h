@@ -327,12 +327,20 @@ AS_SETUP static bool as_dnnl_pack(const_dnnl_memory_desc_t plain_md, const float
   return ok;
 }
 
+// Floats from one packed panel to the next (64-byte aligned, as each panel starts).
+static inline int64_t as_packed_panel_floats(const_dnnl_memory_desc_t md) {
+  return as_round64((int64_t)dnnl_memory_desc_get_size(md)) / 4;
+}
+
 // Under c->mu: the weights `plain` (layout `plain_md`) in layout `md`, packed on first use
 // and again after `anyshape_weights_changed()`; `plain` itself for weights nobody watches
 // (the caller decides what to do with them); null when out of memory or oneDNN failed.
+// With `panels` > 1, `plain_md` describes one panel, the k-th at `plain + k * step`, and
+// the packed panels follow each other `as_packed_panel_floats(md)` apart.
 static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
                                       const_dnnl_memory_desc_t plain_md,
-                                      const_dnnl_memory_desc_t md) {
+                                      const_dnnl_memory_desc_t md, int64_t panels = 1,
+                                      int64_t step = 0) {
   const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
   AsPackedWeights* p = nullptr;
   for (int64_t k = 0; k < c->npacked && !p; ++k)
@@ -349,14 +357,16 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
     p = &c->packed[c->npacked];
     memset(p, 0, sizeof(*p));
     p->plain = plain;
-    p->data = (float*)as_alloc((int64_t)dnnl_memory_desc_get_size(md));
+    p->data = (float*)as_alloc(panels * 4 * as_packed_panel_floats(md));
     if (!p->data || dnnl_memory_desc_clone(&p->md, md)) {
       free(p->data);
       return nullptr;
     }
     c->npacked += 1;
   }
-  if (!as_dnnl_pack(plain_md, plain, p->md, p->data)) return nullptr;
+  for (int64_t k = 0; k < panels; ++k)
+    if (!as_dnnl_pack(plain_md, plain + k * step, p->md, p->data + k * as_packed_panel_floats(md)))
+      return nullptr;
   p->generation = gen;
   return p->data;
 }

@@ -11,10 +11,13 @@
 
 // One call site: the weight's static shape, the primitive and its layers' packed weights.
 struct AsMatmulSite {
+  // (The geometry first, then the weights: as_site_for matches and copies the geometry,
+  // and a static site is initialized as {geometry, {mutex}}, gemm_emit.dnnl_site.)
   int64_t k, n;
   int64_t transposed;  // the model holds the weight as [n, k] (nn.Linear), else [k, n]
   int64_t always;      // run every row count here (else as_matmul_pays decides per call)
   AsWeightsCache weights;
+  int64_t panels;      // the GEMM as this many matmuls over column panels (as_matmul_panels)
   dnnl_primitive_t matmul;
   dnnl_memory_desc_t plain, packed, scratch;
   int64_t scratch_bytes;
@@ -33,10 +36,26 @@ struct AsMatmulSite {
 // - with AVX-512 the matmul wins from 4 rows up (390-515 against 215-290 at 64-1024 rows);
 // - with AVX2 it wins from 4 to 127 rows on weights at most 3x wider than deep (BERT's,
 //   T5's attention and down projections: 180-270 against 90-225), and loses on wider ones
-//   (512x2048, 768x3072: 100-165 against 150-230) and from 128 rows up (level or behind).
+//   (512x2048, 768x3072: 100-165 against 150-230), which therefore run as panels of such
+//   a shape (as_matmul_panels: `n` here is a panel's width), and from 128 rows up (level
+//   or behind).
 static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n) {
   if (m < 4) return false;
   return as_dnnl_avx512() || (m < 128 && n <= 3 * k);
+}
+
+// Column panels a [k, n] weight's matmul runs as: with AVX2, oneDNN's matmul on a weight
+// over 3x wider than deep ran at 100-165 GFLOP/s where its square panels run at 200-250
+// (768 x 3072 against four 768 x 768 at 16-96 rows: 141-157 against 201-250; the BLAS
+// path 157-229; `python -m benchmarks.gemm_routes`, Zen 5 restricted to AVX2, one thread
+// 76 against 124): so such a weight is cut into the fewest equal panels at most as wide
+// as deep, a multiple of 8 columns each, one matmul per panel writing its columns of the
+// output. 1 (no cut) with AVX-512, for weights at most 3x wider, or when no cut fits.
+static inline int64_t as_matmul_panels(int64_t k, int64_t n) {
+  if (as_dnnl_avx512() || n <= 3 * k || k < 8) return 1;
+  for (int64_t p = (n + k - 1) / k; p <= n / 8; ++p)
+    if (n % p == 0 && (n / p) % 8 == 0) return p;
+  return 1;
 }
 
 // GEMMs oneDNN ran, for tests and diagnostics (BLAS runs the others).
@@ -47,19 +66,23 @@ extern "C" int64_t anyshape_dnnl_matmul_runs() {
 }
 #endif
 
-// Row-major [m, cols] with m left to run time (AS_DNNL_RUNTIME_DIM) or given.
-static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols) {
-  dnnl_dims_t dims = {m, cols}, strides = {cols, 1};
+// Row-major [m, cols] with m left to run time (AS_DNNL_RUNTIME_DIM) or given, rows `ld`
+// apart (default: cols).
+static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols, int64_t ld = 0) {
+  dnnl_dims_t dims = {m, cols}, strides = {ld ? ld : cols, 1};
   dnnl_memory_desc_t md = nullptr;
   return dnnl_memory_desc_create_with_strides(&md, 2, dims, AS_DNNL_F32, strides) == 0 ? md
                                                                                         : nullptr;
 }
 
+// The matmul of one panel (all of the weight without panels): weights [k, n / panels] read
+// with the whole weight's strides, the output's rows n apart.
 AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
-  dnnl_dims_t wdims = {s->k, s->n};
+  const int64_t np = s->n / s->panels;
+  dnnl_dims_t wdims = {s->k, np};
   dnnl_dims_t wstrides = {s->transposed ? 1 : s->n, s->transposed ? s->k : 1};
   dnnl_memory_desc_t src = as_rows_md(AS_DNNL_RUNTIME_DIM, s->k);
-  dnnl_memory_desc_t dst = as_rows_md(AS_DNNL_RUNTIME_DIM, s->n);
+  dnnl_memory_desc_t dst = as_rows_md(AS_DNNL_RUNTIME_DIM, np, s->n);
   dnnl_memory_desc_t any = nullptr;
   dnnl_primitive_attr_t attr = nullptr;
   dnnl_primitive_desc_t pd = nullptr;
@@ -86,26 +109,32 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
 // saves): the caller's GEMM runs instead.
 static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
-  if (!s->always && !as_matmul_pays(m, s->k, s->n)) return false;
+  const int64_t panels = as_matmul_panels(s->k, s->n), np = s->n / panels;
+  if (!s->always && !as_matmul_pays(m, s->k, np)) return false;
+  // A panel's first weight, in the model's layout, and its first output column.
+  const int64_t step = s->transposed ? np * s->k : np;
   pthread_mutex_lock(&s->weights.mu);
   as_cache_list(&s->weights);
   if (!s->made) {
     s->made = true;
+    s->panels = panels;
     s->broken = !as_matmul_make(s);
   }
-  const float* packed = s->broken ? nullptr
-                       : s->in_place ? w
-                                     : as_packed_weights(&s->weights, w, s->plain, s->packed);
+  const float* packed =
+      s->broken     ? nullptr
+      : s->in_place ? w
+                    : as_packed_weights(&s->weights, w, s->plain, s->packed, panels, step);
   pthread_mutex_unlock(&s->weights.mu);
   if (!packed || (packed == w && !s->in_place)) return false;
-  dnnl_memory_desc_t src = as_rows_md(m, s->k), dst = as_rows_md(m, s->n);
+  const int64_t next = s->in_place ? step : as_packed_panel_floats(s->packed);
+  dnnl_memory_desc_t src = as_rows_md(m, s->k), dst = as_rows_md(m, np, s->n);
   void* scratch = s->scratch_bytes ? as_scratch(s->scratch_bytes) : nullptr;
   bool ok = src && dst && (scratch || !s->scratch_bytes);
-  if (ok) {
-    const int args[4] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_WEIGHTS, AS_DNNL_ARG_DST,
-                         AS_DNNL_ARG_SCRATCHPAD};
-    const_dnnl_memory_desc_t mds[4] = {src, s->packed, dst, s->scratch};
-    void* ptrs[4] = {(void*)a, (void*)packed, c, scratch};
+  const int args[4] = {AS_DNNL_ARG_SRC, AS_DNNL_ARG_WEIGHTS, AS_DNNL_ARG_DST,
+                       AS_DNNL_ARG_SCRATCHPAD};
+  const_dnnl_memory_desc_t mds[4] = {src, s->packed, dst, s->scratch};
+  for (int64_t p = 0; ok && p < panels; ++p) {
+    void* ptrs[4] = {(void*)a, (void*)(packed + p * next), c + p * np, scratch};
     ok = as_dnnl_run(s->matmul, 4, args, mds, ptrs);
   }
   if (src) dnnl_memory_desc_destroy(src);
