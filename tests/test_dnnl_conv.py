@@ -197,8 +197,10 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     """A channels-last 1x1 convolution is one GEMM of the batch's pixels by the weight:
     oneDNN's matmul runs it where ``as_matmul_pays`` says it beats the BLAS path at that
     row count (N x H x W) on the ISA oneDNN runs (the rule of linear layers: with AVX-512
-    from 4 rows, with AVX2 from 4 to 127 on weights at most 3x wider than deep), else
-    BLAS."""
+    from 4 rows, with AVX2 from 4 to 127 on weights at most 3x wider than deep or cut
+    into such panels, 16 -> 64 as four 16 x 16), else BLAS."""
+    from test_dnnl_matmul import _panels
+
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1), torch.nn.ReLU()).eval()
     opt = anyshape.optimize(model, (torch.randn(2, cin, 6, 5),), backend="cpu")
@@ -206,7 +208,7 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     runs = _lib(opt).anyshape_dnnl_matmul_runs
     runs.restype = ctypes.c_int64
     avx512 = bool(_lib(opt).dnnl_get_effective_cpu_isa() & 0x20)
-    wide = cout > 3 * cin
+    wide = cout > 3 * cin and _panels(cin, cout) == 1
     with torch.no_grad():
         for (h, w), on_avx512, on_avx2 in [
             ((1, 1), 0, 0),  # 2 rows
