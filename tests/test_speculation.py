@@ -280,24 +280,27 @@ def test_a_broadcast_the_emitter_matches_away_leaves_no_variant():
     np.testing.assert_allclose(y, x * x)
 
 
-ATTENTION_SOFTMAX = """graph @scores(%x: f32[s0, 4, s1, s1], %y: f32[s0, 4, s2, s1]) {
-  %0 = reduce(%x) {axes=[3], kind="max"} : f32[s0, 4, s1]
-  %1 = broadcast_in_dim(%0) {dims=[0, 1, 2], shape=[s0, 4, s1, s1]} : f32[s0, 4, s1, s1]
-  %2 = sub(%x, %1) : f32[s0, 4, s1, s1]
-  %3 = exp(%2) : f32[s0, 4, s1, s1]
-  %4 = reduce(%3) {axes=[3], kind="sum"} : f32[s0, 4, s1]
-  %5 = broadcast_in_dim(%4) {dims=[0, 1, 2], shape=[s0, 4, s1, s1]} : f32[s0, 4, s1, s1]
-  %6 = div(%3, %5) : f32[s0, 4, s1, s1]
-  %7 = reduce(%y) {axes=[3], kind="max"} : f32[s0, 4, s2]
-  %8 = broadcast_in_dim(%7) {dims=[0, 1, 2], shape=[s0, 4, s2, s1]} : f32[s0, 4, s2, s1]
-  %9 = sub(%y, %8) : f32[s0, 4, s2, s1]
-  %10 = exp(%9) : f32[s0, 4, s2, s1]
-  %11 = reduce(%10) {axes=[3], kind="sum"} : f32[s0, 4, s2]
-  %12 = broadcast_in_dim(%11) {dims=[0, 1, 2], shape=[s0, 4, s2, s1]} : f32[s0, 4, s2, s1]
-  %13 = div(%10, %12) : f32[s0, 4, s2, s1]
-  return %6, %13
-}
+def _softmax_ir(x: str, rows: str, shape: str, first: int) -> str:
+    """IR lines of a softmax over the last dim of ``%x`` (``shape``: its dims; ``rows``:
+    all but the last), values numbered from ``first``."""
+    r, n = f"f32[{rows}]", f"f32[{shape}]"
+    v = [f"%{first + k}" for k in range(7)]
+    return f"""  {v[0]} = reduce(%{x}) {{axes=[3], kind="max"}} : {r}
+  {v[1]} = broadcast_in_dim({v[0]}) {{dims=[0, 1, 2], shape=[{shape}]}} : {n}
+  {v[2]} = sub(%{x}, {v[1]}) : {n}
+  {v[3]} = exp({v[2]}) : {n}
+  {v[4]} = reduce({v[3]}) {{axes=[3], kind="sum"}} : {r}
+  {v[5]} = broadcast_in_dim({v[4]}) {{dims=[0, 1, 2], shape=[{shape}]}} : {n}
+  {v[6]} = div({v[3]}, {v[5]}) : {n}
 """
+
+
+ATTENTION_SOFTMAX = (
+    "graph @scores(%x: f32[s0, 4, s1, s1], %y: f32[s0, 4, s2, s1]) {\n"
+    + _softmax_ir("x", "s0, 4, s1", "s0, 4, s1, s1", 0)
+    + _softmax_ir("y", "s0, 4, s2", "s0, 4, s2, s1", 7)
+    + "  return %6, %13\n}\n"
+)
 
 
 def test_rows_that_count_their_own_length_get_no_split_variant():
