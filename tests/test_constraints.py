@@ -403,3 +403,23 @@ def test_passes_walk_graphs_deeper_than_the_recursion_limit():
     out = run_pipeline(graph, Options())
     assert out.outputs[0].op == "neg"
     assert sum(n.op == "neg" for n in out.nodes()) == 5000
+
+
+def test_a_power_equated_to_a_constant_gives_its_root():
+    """``floordiv(s, 8)**2 == 16`` (a torch.export guard of ViT's patch grid) implies
+    ``floordiv(s, 8) == 4``, so every product over the grid is known: a graph relying on
+    ``32*b*floordiv(s, 8)**2 == 512*b`` needs no guard of its own."""
+    s, b = SymExpr.symbol("s"), SymExpr.symbol("b")
+    store = ConstraintStore()
+    grid = floordiv(s, 8)
+    store.add_equal(grid * grid, 16)
+    assert store.prove_eq(grid, 4)
+    assert store.prove_eq(32 * b * grid * grid, 512 * b)
+    assert store.prove_eq(32 * b * grid * grid + 32 * b, 544 * b)
+    for value in (15, 17):  # no exact root: nothing more is known
+        other = ConstraintStore()
+        other.add_equal(grid * grid, value)
+        assert not other.prove_eq(grid, 4) and not other.prove_eq(grid, 3)
+    cube = ConstraintStore()
+    cube.add_equal(2 * grid * grid * grid, 54)  # 2 * g**3 == 54: g == 3
+    assert cube.prove_eq(grid, 3)

@@ -95,6 +95,10 @@ class ConstraintStore:
         self._parent.setdefault(keep, keep)
         if keep.is_constant and drop.has_compound:
             self._constant_compound_facts.append((drop, keep))
+        if keep.is_constant:
+            root = _power_root(drop, keep.constant_value)
+            if root is not None:  # (floordiv(s, 8)**2 == 16: floordiv(s, 8) == 4)
+                self.add_equal(*root)
 
     def add_product_equal(self, a: Iterable, b: Iterable) -> None:
         a, b = tuple(as_expr(x) for x in a), tuple(as_expr(x) for x in b)
@@ -308,3 +312,22 @@ def _simpler(a: SymExpr, b: SymExpr) -> bool:
     if a.is_symbol != b.is_symbol:
         return a.is_symbol
     return (len(format_expr(a)), format_expr(a)) <= (len(format_expr(b)), format_expr(b))
+
+
+def _power_root(e: SymExpr, value: int) -> tuple[SymExpr, int] | None:
+    """For ``e == value`` with ``e`` one power ``c * a**p`` (p > 1) of a non-negative atom:
+    ``(a, r)`` with ``a == r`` implied (the exact integer root), else None."""
+    if len(e.terms) != 1:
+        return None
+    monomial, c = e.terms[0]
+    if len(monomial) != 1 or c <= 0 or value < 0 or value % c:
+        return None
+    atom, p = monomial[0]
+    if p < 2 or not (isinstance(atom, str) or atom.nonneg):
+        return None
+    target = value // c
+    r = round(target ** (1 / p))
+    root = next((x for x in (r - 1, r, r + 1) if x >= 0 and x**p == target), None)
+    if root is None:
+        return None
+    return SymExpr({((atom, 1),): 1}), root
