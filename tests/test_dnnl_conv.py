@@ -198,7 +198,7 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     oneDNN's matmul runs it where ``as_matmul_pays`` says it beats the BLAS path at that
     row count (N x H x W) on the ISA oneDNN runs (the rule of linear layers: with AVX-512
     from 4 rows, with AVX2 from 4 to 127 on weights at most 3x wider than deep or cut
-    into such panels, 16 -> 64 as four 16 x 16), else BLAS."""
+    into such panels, which 16 -> 64 is too narrow for), else BLAS."""
     from test_dnnl_matmul import _panels
 
     torch.manual_seed(3)

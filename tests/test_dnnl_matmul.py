@@ -87,13 +87,13 @@ def _avx512(opt) -> bool:
     return bool(isa() & 0x20)
 
 
-@pytest.mark.parametrize("k, n", [(48, 40), (16, 64), (16, 68)])
+@pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
 def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     """``dnnl_matmul="auto"``: below 4 rows oneDNN's sgemm path (BLAS) wins on every ISA;
     with AVX-512 the matmul runs from 4 rows up; with AVX2 from 4 to 127 rows, for weights
-    at most 3x wider than deep or cut into such panels (``as_matmul_pays``,
-    ``as_matmul_panels``, measured per ISA): 16 x 64 as four 16 x 16 panels; 16 x 68 has
-    no cut (68 has no divisor from 5 to 8), and takes BLAS."""
+    at most 3x wider than deep or cut into such panels of 256 columns or more
+    (``as_matmul_pays``, ``as_matmul_panels``, measured per ISA): 16 x 64 has no such cut
+    and takes BLAS; wide weights cut into panels run in a test of their own below."""
     torch.manual_seed(7)
     model = torch.nn.Linear(k, n).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
@@ -109,10 +109,12 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
 
 def _panels(k: int, n: int) -> int:
     """``as_matmul_panels`` with AVX2: the fewest equal panels of a weight over 3x wider
-    than deep, each at most as wide as deep and a multiple of 8 columns; 1 without."""
-    if n <= 3 * k or k < 8:
+    than deep, each at most as wide as deep, 256 columns or more and a multiple of 8, at
+    most 16 of them; 1 without."""
+    if n <= 3 * k:
         return 1
-    return next((p for p in range(-(-n // k), n // 8 + 1) if n % p == 0 and n // p % 8 == 0), 1)
+    cuts = range(-(-n // k), min(n // 256, 16) + 1)
+    return next((p for p in cuts if n % p == 0 and n // p % 8 == 0), 1)
 
 
 PANELS_UNDER_AVX2 = """
@@ -123,8 +125,8 @@ from test_dnnl_matmul import _avx512, _runs
 class Wide(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.up = torch.nn.Linear(24, 96)  # [n, k] as the model holds it: 4 panels of 24
-        self.w = torch.nn.Parameter(torch.randn(24, 80) / 5)  # [k, n]: 5 panels of 16
+        self.up = torch.nn.Linear(256, 1024)  # [n, k] as the model holds it: 4 panels of 256
+        self.w = torch.nn.Parameter(torch.randn(256, 1280) / 16)  # [k, n]: 5 panels of 256
 
     def forward(self, x):
         return self.up(x), x @ self.w
@@ -132,18 +134,27 @@ class Wide(torch.nn.Module):
 
 torch.manual_seed(3)
 model = Wide().eval()
-opt = anyshape.optimize(model, (torch.randn(2, 5, 24),), dnnl_matmul="always")
+opt = anyshape.optimize(model, (torch.randn(2, 5, 256),), dnnl_matmul="always")
 assert not _avx512(opt)
 with torch.no_grad():
     for step, (b, s) in enumerate([(1, 1), (2, 5), (3, 64), (1, 130), (0, 4), (2, 7)]):
         if step == 4:
             model.up.weight.mul_(-0.5)  # packed panels follow the live weights
             model.w.mul_(2.0)
-        x = torch.randn(b, s, 24)
+        x = torch.randn(b, s, 256)
         before = _runs(opt)
         for got, want in zip(opt(x), model(x)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert _runs(opt) - before == (2 if b * s else 0), (b, s)
+# ``auto``: panels of 256 run from 4 to 127 rows; a weight too narrow to cut takes BLAS.
+for k, n, rows, want in [(256, 1024, 8, 1), (256, 1024, 200, 0), (128, 512, 16, 0)]:
+    layer = torch.nn.Linear(k, n).eval()
+    auto = anyshape.optimize(layer, (torch.randn(3, k),))
+    x = torch.randn(rows, k)
+    before = _runs(auto)
+    with torch.no_grad():
+        torch.testing.assert_close(auto(x), layer(x), rtol=1e-4, atol=1e-4)
+    assert _runs(auto) - before == want, (k, n, rows)
 print("panels ok")
 """
 
@@ -157,7 +168,8 @@ def test_wide_weights_run_as_panels_with_avx2(tmp_path):
     import sys
     from pathlib import Path
 
-    assert [_panels(24, 96), _panels(24, 80), _panels(768, 3072), _panels(16, 68)] == [4, 5, 4, 1]
+    cuts = [(256, 1024), (256, 1280), (768, 3072), (128, 512), (768, 50272), (16, 68)]
+    assert [_panels(k, n) for k, n in cuts] == [4, 5, 4, 1, 1, 1]
     env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ANYSHAPE_CACHE_DIR=str(tmp_path))
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     done = subprocess.run(

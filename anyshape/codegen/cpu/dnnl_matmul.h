@@ -50,10 +50,14 @@ static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n) {
 // path 157-229; `python -m benchmarks.gemm_routes`, Zen 5 restricted to AVX2, one thread
 // 76 against 124): so such a weight is cut into the fewest equal panels at most as wide
 // as deep, a multiple of 8 columns each, one matmul per panel writing its columns of the
-// output. 1 (no cut) with AVX-512, for weights at most 3x wider, or when no cut fits.
+// output. Panels stay at least 256 columns wide and at most 16: each costs a primitive
+// execution (a few us), and thinner ones lost to BLAS (128 x 512 as four panels of 128,
+// 24 % slower at 16 rows; 64 x 256, 2x; 16 x 1024 as 64 panels, 6x). 1 (no cut) with
+// AVX-512, for weights at most 3x wider, or when no cut fits (a vocabulary head).
 static inline int64_t as_matmul_panels(int64_t k, int64_t n) {
-  if (as_dnnl_avx512() || n <= 3 * k || k < 8) return 1;
-  for (int64_t p = (n + k - 1) / k; p <= n / 8; ++p)
+  if (as_dnnl_avx512() || n <= 3 * k) return 1;
+  const int64_t most = n / 256 < 16 ? n / 256 : 16;
+  for (int64_t p = (n + k - 1) / k; p <= most; ++p)
     if (n % p == 0 && (n / p) % 8 == 0) return p;
   return 1;
 }
@@ -109,7 +113,12 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
 // saves): the caller's GEMM runs instead.
 static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
-  const int64_t panels = as_matmul_panels(s->k, s->n), np = s->n / panels;
+  int64_t panels = __atomic_load_n(&s->panels, __ATOMIC_RELAXED);
+  if (!panels) {  // (a function of the site's shape and the ISA: any thread's value is it)
+    panels = as_matmul_panels(s->k, s->n);
+    __atomic_store_n(&s->panels, panels, __ATOMIC_RELAXED);
+  }
+  const int64_t np = s->n / panels;
   if (!s->always && !as_matmul_pays(m, s->k, np)) return false;
   // A panel's first weight, in the model's layout, and its first output column.
   const int64_t step = s->transposed ? np * s->k : np;
@@ -117,7 +126,6 @@ static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, floa
   as_cache_list(&s->weights);
   if (!s->made) {
     s->made = true;
-    s->panels = panels;
     s->broken = !as_matmul_make(s);
   }
   const float* packed =
