@@ -238,7 +238,8 @@ def _conv_channels_last(
         f"xn = (const {t}*){c.px} + n * {c.Q} * {c.C}",
         f"yn = ({t}*){c.po} + n * {c.P} * {c.OC}",
     )
-    image = [text(f"const {t}* {x};", f"{t}* {y};", "bool ran = false, fused = false;")]
+    flags = "bool ran = false, fused = false;" if fusion else "bool ran = false;"
+    image = [text(f"const {t}* {x};", f"{t}* {y};", flags)]
     before = []
     if route is not None:
         z = f"(float*){fusion.out} + n * {c.P} * {c.OC}" if fusion else "nullptr"
@@ -251,7 +252,7 @@ def _conv_channels_last(
             *(["  " + _operands(c, fusion)] if fusion else []),
             f"  const int r = {call};",
             "  ran = r > 0;",
-            "  fused = r == 2;",
+            *(["  fused = r == 2;"] if fusion else []),
             "  if (!ran && n > 0) return 4;  // (oneDNN ran this call's earlier images)",
             "  dnnl_runs = ran;",
             "}",

@@ -125,21 +125,6 @@ AS_SETUP static bool as_dnnl_post_ops(dnnl_primitive_attr_t attr, int64_t code,
   return ok;
 }
 
-// Whether the primitive made with the post-ops of `code` takes their operands as the
-// execute arguments `as_dnnl_post_args` names (`vector_bytes` or `tensor_bytes` each).
-AS_SETUP static bool as_dnnl_post_args_known(const_dnnl_primitive_desc_t pd, int64_t code,
-                                             int64_t vector_bytes, int64_t tensor_bytes) {
-  int k = 0;
-  for (int64_t c = code; c; c >>= 4, ++k) {
-    if (!as_post_op_binary(c & 15)) continue;
-    const_dnnl_memory_desc_t md = dnnl_primitive_desc_query_md(
-        pd, AS_DNNL_QUERY_EXEC_ARG_MD, AS_DNNL_POST_OP_ARG_BASE * (k + 1) | AS_DNNL_ARG_SRC_1);
-    const int64_t want = (c & 15) == 5 ? tensor_bytes : vector_bytes;
-    if (!md || (int64_t)dnnl_memory_desc_get_size(md) != want) return false;
-  }
-  return true;
-}
-
 // The execute arguments of the operands of `code` appended at args/mds/ptrs; their count.
 static int as_dnnl_post_args(int64_t code, const_dnnl_memory_desc_t vector,
                              const_dnnl_memory_desc_t tensor, const float* const* operands,
@@ -149,9 +134,25 @@ static int as_dnnl_post_args(int64_t code, const_dnnl_memory_desc_t vector,
     if (!as_post_op_binary(c & 15)) continue;
     args[n] = AS_DNNL_POST_OP_ARG_BASE * (k + 1) | AS_DNNL_ARG_SRC_1;
     mds[n] = (c & 15) == 5 ? tensor : vector;
-    ptrs[n++] = (void*)operands[v++];
+    ptrs[n++] = operands ? (void*)operands[v++] : nullptr;
   }
   return n;
+}
+
+// Whether the primitive made with the post-ops of `code` takes their operands as the
+// execute arguments `as_dnnl_post_args` names, each of the size it will be given.
+AS_SETUP static bool as_dnnl_post_args_known(const_dnnl_primitive_desc_t pd, int64_t code,
+                                             const_dnnl_memory_desc_t vector,
+                                             const_dnnl_memory_desc_t tensor) {
+  int args[AS_POST_OPS_MAX];
+  const_dnnl_memory_desc_t mds[AS_POST_OPS_MAX];
+  void* ptrs[AS_POST_OPS_MAX];
+  const int n = as_dnnl_post_args(code, vector, tensor, nullptr, args, mds, ptrs);
+  for (int i = 0; i < n; ++i) {
+    const_dnnl_memory_desc_t md = dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_EXEC_ARG_MD, args[i]);
+    if (!md || dnnl_memory_desc_get_size(md) != dnnl_memory_desc_get_size(mds[i])) return false;
+  }
+  return true;
 }
 
 AS_SETUP AS_SHARED dnnl_engine_t as_dnnl_engine() {

@@ -83,8 +83,7 @@ AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t 
         dnnl_convolution_forward_primitive_desc_create(
             &pd, as_dnnl_engine(), AS_DNNL_FORWARD_INFERENCE, AS_DNNL_CONVOLUTION_DIRECT, src_any,
             wei_any, nullptr, dst_any, strides, dil, pl, pr, attr) == 0 &&
-        (!with_post || as_dnnl_post_args_known(pd, s->post, 4 * s->o,
-                                               (int64_t)dnnl_memory_desc_get_size(e->dst_plain)));
+        (!with_post || as_dnnl_post_args_known(pd, s->post, e->vector, e->dst_plain));
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (!made && pd) dnnl_primitive_desc_destroy(pd);
     return made ? pd : nullptr;

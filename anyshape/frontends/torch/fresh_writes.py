@@ -90,7 +90,7 @@ def alias_eval_dropouts(graph: fx.Graph) -> int:
             and node.args[2] is False
             and not node.kwargs
         ):
-            node.target, node.args = torch.ops.aten.alias.default, (node.args[0],)
+            node.target, node.args = _ALIAS, (node.args[0],)
             count += 1
     return count
 

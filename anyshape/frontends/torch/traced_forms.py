@@ -159,14 +159,14 @@ def _swapped(name: str, make):
 @contextlib.contextmanager
 def traced_forms(opaque: bool = True):
     """Every substitution while the body captures; ``opaque=False`` (a capture autograd
-    will differentiate) leaves batch norm as torch traces it."""
-    with (
-        max_pool1d_as_2d(),
-        opaque_batch_norm() if opaque else contextlib.nullcontext(),
-        opaque_relu() if opaque else contextlib.nullcontext(),
-        opaque_linear() if opaque else contextlib.nullcontext(),
-        opaque_dropout() if opaque else contextlib.nullcontext(),
-    ):
+    will differentiate) leaves the opaque ops out: batch norm, ReLU, linear and dropout
+    as torch traces them."""
+    forms = [max_pool1d_as_2d]
+    if opaque:
+        forms += [opaque_batch_norm, opaque_relu, opaque_linear, opaque_dropout]
+    with contextlib.ExitStack() as stack:
+        for form in forms:
+            stack.enter_context(form())
         yield
 
 
