@@ -90,6 +90,31 @@ def test_attention_mask_scale_softmax_is_one_kernel():
         torch.testing.assert_close(opt(scores, mask), model(scores, mask), **TOL)
 
 
+class Standardize(torch.nn.Module):
+    """LayerNorm without weights, written out: the variance reads the mean's row."""
+
+    def forward(self, x):
+        c = x - x.mean(-1, keepdim=True)
+        return c * torch.rsqrt((c * c).mean(-1, keepdim=True) + 1e-5)
+
+
+def test_a_reduction_read_through_a_kept_dim_is_computed_once_per_row():
+    """The mean reaches the variance through ``reshape`` to [rows, 1]: its index there
+    was written ``i0 + (i0 % 1)``, which missed the memo of the row's mean, so the
+    variance loop computed the mean again per element, and the split variant's copy
+    (a parallel loop inside a simd loop) failed to build: the cluster ran in PyTorch."""
+    model = Standardize()
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 24),))
+    assert not opt.report.fallbacks, opt.report.fallbacks
+    (stitch,) = [k for k in opt.report.clusters[0].compiled.native.kernel_descriptions
+                 if k.startswith("stitch:")]  # fmt: skip
+    assert "reduce x2" in stitch, stitch
+    assert "% 1)" not in opt.report.clusters[0].compiled.native.source
+    for shape in [(1, 1, 600), (2, 5, 24), (1, 1, 1), (0, 3, 8), (3, 2, 1000)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
 def test_stitched_max_propagates_nan():
     opt = anyshape.optimize(Softmax(), (torch.randn(2, 8),))
     x = torch.randn(3, 8)

@@ -208,15 +208,17 @@ def test_rows_with_and_without_a_masked_tail_match_numpy(row_exe, width):
 PARTIAL_SUMS = re.compile(r"float (acc\d+)v\[64\];")
 
 
-@pytest.mark.parametrize("width", [63, 64, 65, 128, 130, 1000])
+@pytest.mark.parametrize("width", [63, 64, 65, 511, 512, 513, 575, 1000, 4100])
 def test_cheap_row_sums_add_into_partial_sums(row_exe, width):
     """The layer norm's two sums (no transcendental fused) run in blocks of 64 lanes,
-    each into its own partial sum, then the rest of the row into the sum; the softmax's
-    sum of exps keeps one accumulator. Widths below, at and past a block, with large
-    values at both ends of the row, so a lane dropped from a block, from the rest or
-    from the final fold shows."""
+    each into its own partial sum, where a row of run-time length holds 8 blocks or
+    more (checked per row), then the rest of the row into the sum; the softmax's sum of
+    exps keeps one accumulator. Widths below, at and past the bar and a block, with
+    large values at both ends of the row, so a lane dropped from a block, from the rest
+    or from the final fold shows."""
     parts = PARTIAL_SUMS.findall(row_exe.source)
     assert len(parts) == 2, parts  # one kernel variant with whole rows: its two sums
+    assert row_exe.source.count("if (r0n >= 8) {") == 1  # (rows of 512 or more)
     rng = np.random.default_rng(width)
     x = rng.standard_normal((5, width)).astype(np.float32)
     x[:, 0], x[:, -1] = -20.0, 30.0
@@ -228,19 +230,22 @@ def test_cheap_row_sums_add_into_partial_sums(row_exe, width):
     np.testing.assert_allclose(soft, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-9)
 
 
-def test_partial_sums_only_where_a_row_holds_a_block():
-    """A static row shorter than a block sums into one accumulator; a static row of
-    whole blocks has no rest loop."""
-    short = CpuExecutable(parse_graph(LAYER_NORM_SOFTMAX.replace("s1]", "40]")), [], THREADS)
-    assert not PARTIAL_SUMS.search(short.source)
-    whole = CpuExecutable(parse_graph(LAYER_NORM_SOFTMAX.replace("s1]", "128]")), [], THREADS)
-    assert len(PARTIAL_SUMS.findall(whole.source)) == 2
-    assert "= (128) / 64 * 64;" not in whole.source  # (where a rest loop would start)
-    x = np.random.default_rng(2).standard_normal((4, 128)).astype(np.float32)
+@pytest.mark.parametrize("width, partial, rest", [(40, 0, False), (100, 0, False),
+                                                  (128, 2, False), (200, 2, True)])  # fmt: skip
+def test_static_rows_take_partial_sums_from_two_blocks(width, partial, rest):
+    """A static row shorter than two blocks sums into one accumulator (setting up and
+    folding the partial sums cost more than they saved); a static row of whole blocks
+    has no rest loop. Results as NumPy's either way."""
+    graph = LAYER_NORM_SOFTMAX.replace("s1]", f"{width}]")
+    exe = CpuExecutable(parse_graph(graph), [], THREADS)
+    assert len(PARTIAL_SUMS.findall(exe.source)) == partial
+    assert ("= r0n * 64; r0 <" in exe.source) == rest
+    x = np.random.default_rng(width).standard_normal((4, width)).astype(np.float32)
+    x[:, -1] = 25.0
     z = x.astype(np.float64)
     c = z - z.sum(1, keepdims=True)
     want = c / (c * c).sum(1, keepdims=True)
-    np.testing.assert_allclose(whole([x], [])[0], want, rtol=2e-5, atol=1e-8)
+    np.testing.assert_allclose(exe([x], [])[0], want, rtol=2e-5, atol=1e-8)
 
 
 def test_a_nan_in_the_tail_propagates_through_max(row_exe):

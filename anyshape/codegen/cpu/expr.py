@@ -315,6 +315,9 @@ class KernelScope:
             if len(in_dims) > 1 and not _is_simple(lin):
                 lin = self.tmp("int64_t", lin)
             for k, d in enumerate(in_dims):
+                if x.shape[d] == 1:  # (its index is 0: as text, ``i0 % 1`` misses the memo)
+                    src.append("0")
+                    continue
                 inner = shape_numel([x.shape[j] for j in in_dims[k + 1 :]])
                 q = lin if inner == 1 else f"({lin} / {self.dim(inner)})"
                 src.append(q if k == 0 else f"({q} % {self.dim(x.shape[d])})")
@@ -323,6 +326,8 @@ class KernelScope:
     def _linear(self, shape, idx) -> str:
         terms = []
         for i, ix in enumerate(idx):
+            if shape[i] == 1:  # (a dim of one: its index is 0)
+                continue
             inner = shape_numel(shape[i + 1 :])
             terms.append(ix if inner == 1 else f"({ix}) * {self.dim(inner)}")
         return " + ".join(terms) if terms else "0"

@@ -34,6 +34,8 @@ TAIL_LANES = 16
 # Partial sums of a row's sum (``StitchScope.partial_sums``), in bytes of accumulators:
 # eight AVX2 vectors or four AVX-512 ones, each its own chain of adds.
 PARTIAL_BYTES = 256
+PARTIAL_MIN = 2  # blocks a static row needs to take partial sums
+PARTIAL_MIN_DYNAMIC = 8  # ... and a row of run-time length, checked per row
 
 
 def row_tail(n) -> str:
@@ -114,16 +116,21 @@ class StitchScope(KernelScope):
         LayerNorm row of 768 floats ran 192 ns on one AVX2 core, 109 with AVX-512.
         Here the row runs in blocks of ``PARTIAL_BYTES`` of accumulators, lane ``j`` of
         every block adding into its own partial sum (``body``'s ``acc`` is a reference
-        to it), so the adds of a block are independent: 111 and 86 ns. The rest of the
-        row (under one block) goes into ``acc`` by ``row_loop``; the partial sums are
-        added to it last. (Sums only: a max over the row already ran at the speed of
-        its loads.)"""
+        to it), so the adds of a block are independent: 111 and 86 ns. The partial sums
+        are added into ``acc``, then the rest of the row (under one block) by
+        ``row_loop``. (Sums only: a max over the row already ran at the speed of its
+        loads.) Setting up and folding the partial sums costs about a block's adds, so
+        a row takes them from ``PARTIAL_MIN`` blocks: a static row of 80-112 floats ran
+        13-17 % slower with them. A row of run-time length decides per row, from
+        ``PARTIAL_MIN_DYNAMIC`` blocks: its partial sums live in memory, which GCC
+        zeroes with `rep stos`, so they paid only from rows of 512 floats or so (AVX2:
+        256 level, 128 1.8x slower; 768 1.4x faster)."""
         width = PARTIAL_BYTES // (8 if acc_t == "double" else 4)
         whole = isinstance(self.row_len, int)
-        if whole and self.row_len < width:
+        if whole and self.row_len < PARTIAL_MIN * width:
             return self.row_loop(var, n, f"reduction(+:{acc})", body)
-        parts, lane, block_ = f"{acc}v", f"{var}j", f"{var}b"
-        # Invariants move out first, so the three loops below declare none of them.
+        parts, lane, block_, blocks = f"{acc}v", f"{var}j", f"{var}b", f"{var}n"
+        # Invariants move out first, so the loops below declare none of them.
         moved, body = split_invariants(frozenset({var}), hoist_invariants(body))
         lane_body = [
             const("int64_t", var, f"{block_} * {width} + {lane}"),
@@ -131,23 +138,27 @@ class StitchScope(KernelScope):
             *body,
         ]
         simd = ["#pragma omp simd"]
-        out = [
-            *moved,
+        fold = stmt(f"{acc} += {parts}[{lane}];", acc)
+        partial = [
             stmt(f"{acc_t} {parts}[{width}];", parts),
             loop(For(lane, "0", str(width)), [stmt(f"{parts}[{lane}] = 0;", parts)], simd),
-            loop(
-                For(block_, "0", f"({n}) / {width}"),
-                [loop(For(lane, "0", str(width)), lane_body, simd)],
-            ),
+            loop(For(block_, "0", blocks), [loop(For(lane, "0", str(width)), lane_body, simd)]),
+            loop(For(lane, "0", str(width)), [fold], [f"#pragma omp simd reduction(+:{acc})"]),
         ]
-        if not (whole and self.row_len % width == 0):
-            rest = f"({n}) / {width} * {width}"
-            out += self.row_loop(var, n, f"reduction(+:{acc})", body, start=rest)
-        add = stmt(f"{acc} += {parts}[{lane}];", acc)
-        out.append(
-            loop(For(lane, "0", str(width)), [add], [f"#pragma omp simd reduction(+:{acc})"])
-        )
-        return out
+        reduction = f"reduction(+:{acc})"
+        if whole:
+            count = const("int64_t", blocks, str(self.row_len // width))
+            out = [*moved, count, block(partial)]
+            if self.row_len % width:
+                out += self.row_loop(var, n, reduction, body, start=f"{blocks} * {width}")
+            return out
+        # A shorter row runs the plain loops, from 0: a rest loop starting at a run-time
+        # index made rows of 16-128 floats 10-30 % slower.
+        count = const("int64_t", blocks, f"({n}) / {width}")
+        rest = self.row_loop(var, n, reduction, body, start=f"{blocks} * {width}")
+        long_row = f"{blocks} >= {PARTIAL_MIN_DYNAMIC}"
+        plain = self.row_loop(var, n, reduction, body)
+        return [*moved, count, if_(long_row, [*partial, *rest], plain)]
 
     def row_loop(self, var: str, n: str, pragma: str, body, start: str = "0") -> list:
         """A loop over one whole row on one thread: vectors up to the last multiple of
