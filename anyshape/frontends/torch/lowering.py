@@ -31,7 +31,7 @@ from ...ir.ops import IRTypeError
 from ...ir.symbolic import SymExpr, as_expr
 from ...ir.types import TensorType
 from ..building import IRBuilding
-from .symbols import to_dim, to_dtype, to_tensor_type
+from .symbols import sym_ratio, to_dim, to_dtype, to_tensor_type
 
 LowerFn = Callable[..., "Node | tuple[Node, ...]"]
 
@@ -103,6 +103,7 @@ class LowerCtx(IRBuilding):
 
         vals = [_meta_or_value(a) for a in self.node.args]
         vals += [_meta_or_value(v) for k, v in self.node.kwargs.items() if k in ("other", "input")]
+        vals = [1.0 if isinstance(v, torch.SymFloat) else v for v in vals]  # (a Python float)
         vals = [v for v in vals if isinstance(v, (torch.Tensor, int, float, bool, torch.SymInt))]
         comp, res = elementwise_dtypes(
             *vals, type_promotion_kind=getattr(ELEMENTWISE_TYPE_PROMOTION_KIND, kind)
@@ -123,7 +124,20 @@ class LowerCtx(IRBuilding):
             return self.broadcast_to(self.cast(self.shape_scalar(x), dtype), shape)
         if isinstance(x, (bool, int, float)):
             return self.full(x, shape, dtype)
+        if isinstance(x, SizeRatio):
+            num, den = (self.cast(self.shape_scalar(d), DType.f64) for d in (x.num, x.den))
+            return self.broadcast_to(self.cast(self.op("div", num, den), dtype), shape)
         raise UnsupportedError(f"unsupported operand {x!r}")
+
+
+@dataclass(frozen=True)
+class SizeRatio:
+    """A symbolic float argument that is a ratio of sizes (``sym_ratio``): an operand of
+    elementwise ops (``LowerCtx.operand``), computed in float64 from the sizes, as
+    Python computes it, then cast to the op's type as torch casts a Python scalar."""
+
+    num: int | SymExpr
+    den: int | SymExpr
 
 
 def _meta_or_value(a):
@@ -160,6 +174,9 @@ def _convert_arg(a, env: dict):
         val = a.meta.get("val")
         if isinstance(val, (torch.SymInt, int)) and not isinstance(val, bool):
             return to_dim(val)
+        ratio = sym_ratio(val)
+        if ratio is not None:
+            return SizeRatio(*ratio)
         if isinstance(val, (torch.SymFloat, torch.SymBool)):
             raise UnsupportedError(f"symbolic {type(val).__name__} arguments are not supported")
         if isinstance(val, (float, bool)):

@@ -113,6 +113,26 @@ def to_dim(x) -> int | SymExpr:
     return as_dim(sympy_to_expr(x))
 
 
+def sym_ratio(x) -> tuple[int | SymExpr, int | SymExpr] | None:
+    """A symbolic float that is a ratio of sizes (``8 / (h // 8)``, ``float(h)``: torch's
+    ``IntTrueDiv`` and ``ToFloat``) as (numerator, denominator) dims; None otherwise."""
+    if not isinstance(x, torch.SymFloat):
+        return None
+    expr = x.node.expr
+    rewrites = size_rewrites(getattr(x.node, "shape_env", None))
+    if rewrites:
+        expr = expr.xreplace(rewrites)
+    name = type(expr).__name__
+    try:
+        if name == "IntTrueDiv":
+            return to_dim(expr.args[0]), to_dim(expr.args[1])
+        if name == "ToFloat":
+            return to_dim(expr.args[0]), 1
+    except Exception:  # a size expression the IR's algebra does not take
+        return None
+    return None
+
+
 def to_tensor_type(t) -> TensorType:
     """A (fake) tensor's dtype and (symbolic) shape as a TensorType."""
     return TensorType(to_dtype(t.dtype), tuple(to_dim(s) for s in t.shape))
