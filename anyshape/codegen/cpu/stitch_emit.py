@@ -126,9 +126,10 @@ class StitchScope(KernelScope):
         zeroes with `rep stos`, so they paid only from rows of 512 floats or so (AVX2:
         256 level, 128 1.8x slower; 768 1.4x faster)."""
         width = PARTIAL_BYTES // (8 if acc_t == "double" else 4)
+        reduction = f"reduction(+:{acc})"
         whole = isinstance(self.row_len, int)
         if whole and self.row_len < PARTIAL_MIN * width:
-            return self.row_loop(var, n, f"reduction(+:{acc})", body)
+            return self.row_loop(var, n, reduction, body)
         parts, lane, block_, blocks = f"{acc}v", f"{var}j", f"{var}b", f"{var}n"
         # Invariants move out first, so the loops below declare none of them.
         moved, body = split_invariants(frozenset({var}), hoist_invariants(body))
@@ -143,9 +144,8 @@ class StitchScope(KernelScope):
             stmt(f"{acc_t} {parts}[{width}];", parts),
             loop(For(lane, "0", str(width)), [stmt(f"{parts}[{lane}] = 0;", parts)], simd),
             loop(For(block_, "0", blocks), [loop(For(lane, "0", str(width)), lane_body, simd)]),
-            loop(For(lane, "0", str(width)), [fold], [f"#pragma omp simd reduction(+:{acc})"]),
+            loop(For(lane, "0", str(width)), [fold], [f"#pragma omp simd {reduction}"]),
         ]
-        reduction = f"reduction(+:{acc})"
         if whole:
             count = const("int64_t", blocks, str(self.row_len // width))
             out = [*moved, count, block(partial)]

@@ -103,11 +103,7 @@ def to_dim(x) -> int | SymExpr:
         node = x.node
         if hasattr(node, "maybe_as_int") and node.maybe_as_int() is not None:
             return int(node.maybe_as_int())
-        expr = node.expr
-        rewrites = size_rewrites(getattr(node, "shape_env", None))
-        if rewrites:
-            expr = expr.xreplace(rewrites)
-        return as_dim(sympy_to_expr(expr))
+        return as_dim(sympy_to_expr(_rewritten_expr(node)))
     if isinstance(x, int):
         return x
     return as_dim(sympy_to_expr(x))
@@ -118,19 +114,22 @@ def sym_ratio(x) -> tuple[int | SymExpr, int | SymExpr] | None:
     ``IntTrueDiv`` and ``ToFloat``) as (numerator, denominator) dims; None otherwise."""
     if not isinstance(x, torch.SymFloat):
         return None
-    expr = x.node.expr
-    rewrites = size_rewrites(getattr(x.node, "shape_env", None))
-    if rewrites:
-        expr = expr.xreplace(rewrites)
+    expr = _rewritten_expr(x.node)
     name = type(expr).__name__
     try:
         if name == "IntTrueDiv":
             return to_dim(expr.args[0]), to_dim(expr.args[1])
         if name == "ToFloat":
             return to_dim(expr.args[0]), 1
-    except Exception:  # a size expression the IR's algebra does not take
+    except UnsupportedError:  # a size expression the IR's algebra does not take
         return None
     return None
+
+
+def _rewritten_expr(node):
+    """A SymNode's sympy expression with the capture's size rewrites applied."""
+    rewrites = size_rewrites(getattr(node, "shape_env", None))
+    return node.expr.xreplace(rewrites) if rewrites else node.expr
 
 
 def to_tensor_type(t) -> TensorType:
