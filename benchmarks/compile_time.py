@@ -47,7 +47,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _first(out):
-    """The first output of a model: a tuple's first item or a model output's first field."""
+    """The first output of a model: the tensor itself, a tuple's first item or a model
+    output's first field."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
     return out[0] if isinstance(out, (tuple, list)) else next(iter(out.values()))
 
 

@@ -125,6 +125,10 @@ FAMILIES: dict[str, str] = {
         nn.functional.max_pool1d nn.functional.max_pool2d nn.functional.avg_pool1d
         nn.functional.avg_pool2d nn.functional.adaptive_avg_pool1d
         nn.functional.adaptive_avg_pool2d""",
+    "upsampling": """nn.functional.interpolate.nearest nn.functional.interpolate.nearest-exact
+        nn.functional.interpolate.linear nn.functional.interpolate.bilinear
+        nn.functional.interpolate.bicubic nn.functional.interpolate.trilinear
+        nn.functional.upsample_bilinear nn.functional.upsample_nearest""",
     "creation": """arange full zeros ones full_like zeros_like ones_like new_full new_zeros
         new_ones scalar_tensor triu tril""",
 }

@@ -35,6 +35,7 @@ FAMILY_TITLES = {
     "scatter": "Writes into a copy (gradients of slices, embeddings, cross-entropy)",
     "random": "Random ops (training-mode dropout)",
     "linalg": "Linear algebra",
+    "resample": "Upsampling (F.interpolate)",
 }
 
 

@@ -3,13 +3,14 @@
 One family of the ONNX frontend's rule table (``rules.py`` gathers it): Resize
 (opsets 10-19), Upsample (7, 9), Pad, CenterCropPad, DepthToSpace, SpaceToDepth,
 Col2Im, AffineGrid, GridSample and LpPool. Nothing loops: source positions are
-computed as tensors (``iota`` -> formulas over ``T`` -> ``convert``), clamped and
-read with ``gather``/``take_along_axis``; interpolations weight-combine the
-gathered neighbours. Resize is separable (a 1-D pass per axis), coordinates in
-f64 as ONNX's reference, data in f32 for 16-bit floats and integers (rounded and
-saturated back); output dims ``floor(in * scale)`` use the scale's exact binary
-fraction, so they stay symbolic, and sizes may be symbolic dims. Pad amounts are
-static ints: constant mode is the IR ``pad``, edge/reflect/wrap gather indices.
+computed as tensors (``iota`` -> formulas over ``T`` from ``frontends/formulas.py``
+-> ``convert``), clamped and read with ``gather``/``take_along_axis``;
+interpolations weight-combine the gathered neighbours. Resize is separable (a
+1-D pass per axis), coordinates in f64 as ONNX's reference, data in f32 for
+16-bit floats and integers (rounded and saturated back); output dims
+``floor(in * scale)`` use the scale's exact binary fraction, so they stay
+symbolic, and sizes may be symbolic dims. Pad amounts are static ints:
+constant mode is the IR ``pad``, edge/reflect/wrap gather indices.
 """
 
 from __future__ import annotations
@@ -23,89 +24,14 @@ import numpy as np
 from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
-from ...ir.symbolic import SymExpr, as_dim, as_expr, floordiv, shape_numel
-from .context import LowerCtx, Value, norm_axis, rule_registry
+from ...ir.symbolic import as_dim, as_expr, floordiv, shape_numel
+from ..formulas import T, along, cubic_kernel, dim_value, iota
+from .context import Value, norm_axis, rule_registry
 from .nn_ops import _ints, _padding, _pool_size, acc_dtype
 from .shape_ops import slice_dim
 
 RULES, rule = rule_registry()
 F64, I64 = DType.f64, DType.i64
-
-
-# --- formulas over tensors -----------------------------------------------------------------
-
-
-def _ew(ctx: LowerCtx, op: str, *args, dtype: DType | None = None) -> Node:
-    """An elementwise op on nodes (or ``T``) and numbers; numbers and lower ranks broadcast."""
-    args = [a.n if isinstance(a, T) else a for a in args]
-    nodes = [a for a in args if isinstance(a, Node)]
-    shape = max((n.shape for n in nodes), key=len)
-    dtype = dtype or next((n.dtype for n in nodes if n.dtype is not DType.b8), DType.b8)
-    fit = [ctx.broadcast_to(a, shape) if isinstance(a, Node) else a for a in args]
-    return ctx.op(op, *[a if isinstance(a, Node) else ctx.full(a, shape, dtype) for a in fit])
-
-
-def _binary(op: str, swap: bool = False):
-    def method(self, other):
-        return T(self.ctx, _ew(self.ctx, op, *((other, self) if swap else (self, other))))
-
-    return method
-
-
-class T:
-    """A node with operators, so index computations read as formulas (a number takes the
-    other operand's dtype; ``eq``/``ne`` compare; ``p.where(a, b)`` selects on ``p``)."""
-
-    __slots__ = ("ctx", "n")
-
-    def __init__(self, ctx: LowerCtx, n: Node):
-        self.ctx, self.n = ctx, n
-
-    __add__, __radd__ = _binary("add"), _binary("add", True)
-    __sub__, __rsub__ = _binary("sub"), _binary("sub", True)
-    __mul__, __rmul__ = _binary("mul"), _binary("mul", True)
-    __truediv__, __rtruediv__ = _binary("div"), _binary("div", True)
-    __mod__ = _binary("rem")
-    __lt__, __le__, __gt__, __ge__ = _binary("lt"), _binary("le"), _binary("gt"), _binary("ge")
-    __and__, __or__ = _binary("and"), _binary("or")
-    eq, ne, pow = _binary("eq"), _binary("ne"), _binary("pow")
-    max, min = _binary("max"), _binary("min")
-
-    def un(self, op: str) -> T:
-        return T(self.ctx, self.ctx.op(op, self.n))
-
-    def to(self, dtype: DType) -> T:
-        return T(self.ctx, self.ctx.cast(self.n, dtype))
-
-    def clamp(self, lo, hi) -> T:
-        return self.min(hi).max(lo)
-
-    def where(self, a, b, dtype: DType | None = None) -> T:
-        return T(self.ctx, _ew(self.ctx, "select", self, a, b, dtype=dtype))
-
-
-def _iota(ctx, shape, dim: int, dtype: DType) -> T:
-    return T(ctx, ctx.op("iota", shape=tuple(shape), dim=dim, dtype=dtype))
-
-
-def _dim(ctx, d, dtype: DType) -> T:
-    """A dim as a rank-0 value of ``dtype``."""
-    d = as_dim(d)
-    v = ctx.cast(ctx.scalar(d, I64), dtype) if isinstance(d, SymExpr) else ctx.const(d, dtype)
-    return T(ctx, v)
-
-
-def _along(ctx, v: Node, shape, axis: int) -> Node:
-    """A vector laid along ``axis`` of ``shape``."""
-    return ctx.op("broadcast_in_dim", v, shape=tuple(shape), dims=(axis,))
-
-
-def _cubic(t: T, a: float) -> T:
-    """Keys' cubic convolution kernel at distance ``t >= 0`` (0 from 2 on)."""
-    t2 = t * t
-    t3 = t2 * t
-    far = (t < 2.0).where(t3 * a - t2 * (5 * a) + t * (8 * a) - 4 * a, 0.0)
-    return (t <= 1.0).where(t3 * (a + 2) - t2 * (a + 3) + 1.0, far)
 
 
 def _acc(dtype: DType) -> DType:
@@ -147,8 +73,8 @@ class _Interp:
 
 def _source_coords(ctx, n_in, n_out, scale, roi, coord: str):
     """Each output position's coordinate in the input (f64), and where it is outside."""
-    y = _iota(ctx, (n_out,), 0, F64)
-    fin, fout = _dim(ctx, n_in, F64), _dim(ctx, n_out, F64)
+    y = iota(ctx, (n_out,), 0, F64)
+    fin, fout = dim_value(ctx, n_in, F64), dim_value(ctx, n_out, F64)
     s = T(ctx, ctx.const(scale, F64)) if scale is not None else fout / fin
     width = s * fin  # the output length before flooring
     half = (y + 0.5) / s - 0.5
@@ -177,7 +103,7 @@ def _source_coords(ctx, n_in, n_out, scale, roi, coord: str):
 def _resize_axis(ctx, x: Node, axis: int, n_out, scale, roi, cfg: _Interp, what: str) -> Node:
     """One separable 1-D resize pass of ``x`` along ``axis``."""
     x_ori, outside = _source_coords(ctx, x.shape[axis], n_out, scale, roi, cfg.coord)
-    last = _dim(ctx, x.shape[axis], I64) - 1
+    last = dim_value(ctx, x.shape[axis], I64) - 1
     if cfg.mode == "nearest":
         how = cfg.nearest
         if how == "simple":  # ceil when shrinking, else floor
@@ -189,11 +115,11 @@ def _resize_axis(ctx, x: Node, axis: int, n_out, scale, roi, cfg: _Interp, what:
     y = None
     for i, w in zip(taps, weights):
         g = ctx.op("gather", x, i.n, axis=axis)
-        g = g if w is None else ctx.op("mul", g, _along(ctx, w.to(x.dtype).n, g.shape, axis))
+        g = g if w is None else ctx.op("mul", g, along(ctx, w.to(x.dtype).n, g.shape, axis))
         y = g if y is None else ctx.op("add", y, g)
     if outside is not None:
         fill = ctx.full(cfg.extrapolation, y.shape, y.dtype)
-        y = ctx.op("select", _along(ctx, outside.n, y.shape, axis), fill, y)
+        y = ctx.op("select", along(ctx, outside.n, y.shape, axis), fill, y)
     return y
 
 
@@ -212,7 +138,7 @@ def _weights(x_ori: T, scale, last: T, cfg, what) -> tuple[list[T], list[T]]:
     taps, weights = [], []
     for off in range(start, 2 - start):
         t = (ratio - float(off)).un("abs") * stretch
-        w = (1.0 - t).max(0.0) if radius == 1 else _cubic(t, cfg.a)
+        w = (1.0 - t).max(0.0) if radius == 1 else cubic_kernel(t, cfg.a)
         i = base + off
         if cfg.exclude:
             w = ((i >= 0) & (i <= last)).where(w, 0.0)
@@ -299,8 +225,8 @@ def _resize(ctx, node, ins):
 
 def _pad_index(ctx, n, low: int, out, mode: str) -> T:
     """For each position of a padded axis, the input position it copies (edge/reflect/wrap)."""
-    j = _iota(ctx, (out,), 0, I64) - low
-    size = _dim(ctx, n, I64)
+    j = iota(ctx, (out,), 0, I64) - low
+    size = dim_value(ctx, n, I64)
     if mode == "edge":
         return j.clamp(0, size - 1)
     if mode == "wrap":
@@ -373,10 +299,10 @@ def _center_crop_pad(ctx, node, ins):
             x = ctx.op("pad", x, ctx.const(0, x.dtype), low=tuple(low), high=tuple(high))
             continue
         # Crop or pad is only known at run time: read x at j + trunc((d - want) / 2).
-        size = _dim(ctx, d, I64)
-        src = _iota(ctx, (want,), 0, I64) + (size - _dim(ctx, want, I64)) / 2
+        size = dim_value(ctx, d, I64)
+        src = iota(ctx, (want,), 0, I64) + (size - dim_value(ctx, want, I64)) / 2
         g = ctx.op("gather", x, src.clamp(0, size - 1).n, axis=a)
-        inside = _along(ctx, ((src >= 0) & (src < size)).n, g.shape, a)
+        inside = along(ctx, ((src >= 0) & (src < size)).n, g.shape, a)
         x = ctx.op("select", inside, g, ctx.full(0, g.shape, g.dtype))
     return [Value.of_node(x)]
 
@@ -425,8 +351,8 @@ def _col2im(ctx, node, ins):
     for k, offs in enumerate(itertools.product(*[range(b) for b in block])):
         lin, ok = None, None  # the column each image position reads at this kernel offset
         for i in range(nd):
-            t = _iota(ctx, image, i, I64) + (pads[i] - offs[i] * dil[i])
-            q, nb = t / stride[i], _dim(ctx, blocks[i], I64)
+            t = iota(ctx, image, i, I64) + (pads[i] - offs[i] * dil[i])
+            q, nb = t / stride[i], dim_value(ctx, blocks[i], I64)
             good = (t >= 0) & (q < nb)
             if stride[i] > 1:
                 good = good & (t % stride[i]).eq(0)
@@ -456,7 +382,7 @@ def _affine_grid(ctx, node, ins):
     full = (n, *spatial)
     base = []  # normalized coordinates along W, H (, D): the homogeneous grid's x, y (, z)
     for axis in reversed(range(nd)):
-        j, s = _iota(ctx, spatial, axis, F64), _dim(ctx, spatial[axis], F64)
+        j, s = iota(ctx, spatial, axis, F64), dim_value(ctx, spatial[axis], F64)
         v = j * 2.0 / (s - 1.0).max(1.0) - 1.0 if align else (j * 2.0 + 1.0) / s - 1.0
         v = (s > 1.0).where(v, 0.0)  # a lone position sits at 0, as in torch and onnxruntime
         base.append(ctx.op("broadcast_in_dim", v.n, shape=full, dims=tuple(range(1, nd + 1))))
@@ -491,7 +417,7 @@ def _reflect(c: T, lo: T, hi: T) -> T:
 
 def _grid_taps(ctx, c: T, d, mode: str, padding: str, align: bool):
     """For one spatial dim: (index, weight or None, in-range mask or None) per neighbour."""
-    size = _dim(ctx, d, c.n.dtype)
+    size = dim_value(ctx, d, c.n.dtype)
     edge = 0.0 if align else 0.5  # the borders: [0, d - 1] or [-0.5, d - 0.5]
     c = (c + 1.0) / 2.0 * (size - 1.0) if align else ((c + 1.0) * size - 1.0) / 2.0
     lo, hi = T(ctx, ctx.const(-edge, size.n.dtype)), size - (1.0 - edge)
@@ -509,8 +435,8 @@ def _grid_taps(ctx, c: T, d, mode: str, padding: str, align: bool):
         if mode == "linear":
             taps = [(0, 1.0 - f), (1, f)]
         else:
-            taps = [(o, _cubic((f - float(o)).un("abs"), -0.75)) for o in (-1, 0, 1, 2)]
-    last = _dim(ctx, d, I64) - 1
+            taps = [(o, cubic_kernel((f - float(o)).un("abs"), -0.75)) for o in (-1, 0, 1, 2)]
+    last = dim_value(ctx, d, I64) - 1
     out = []
     for off, w in taps:
         i, inside = base + float(off), None
@@ -551,7 +477,7 @@ def _grid_sample(ctx, node, ins):
     for combo in itertools.product(*per_dim):
         lin, w, ok = None, None, None
         for i, (idx, wi, inside) in enumerate(combo):
-            lin = idx if lin is None else lin * _dim(ctx, spatial[i], I64) + idx
+            lin = idx if lin is None else lin * dim_value(ctx, spatial[i], I64) + idx
             if wi is not None:
                 w = wi if w is None else w * wi
             if inside is not None:

@@ -30,6 +30,7 @@ import torch.fx.config
 from ...errors import CaptureError, UnsupportedError, first_line
 from ...ir.constraints import Guard
 from ...ir.symbolic import as_expr, format_dim
+from .aten.resample import UPSAMPLE_OPS
 from .fake_cache_off import fake_tensor_cache_off
 from .fresh_writes import rewrite_fresh_writes
 from .lean_metadata import lean_tensor_metadata
@@ -51,8 +52,14 @@ class Captured:
 
 # Composite ops kept whole: anyshape lowers them itself (one fused attention
 # later), and torch 2.13's own decomposition of SDPA under symbolic sizes makes
-# fake strides that later views reject (GPT-2 fails to capture with it).
-KEEP_WHOLE = ("scaled_dot_product_attention.default",)
+# fake strides that later views reject (GPT-2 fails to capture with it). The
+# upsampling ops (``aten/resample.py``): their decompositions under symbolic sizes
+# take seconds to trace (bicubic: 16 gathers and 34 clamps).
+KEEP_WHOLE = (
+    "scaled_dot_product_attention.default",
+    *(f"{packet._qualified_op_name.split('::')[1]}.{overload}"
+      for packet, _, _ in UPSAMPLE_OPS for overload in ("default", "vec")),
+)  # fmt: skip
 
 
 def decomposition_table() -> dict:
@@ -526,6 +533,7 @@ _LAYOUT_DECISIONS = (
     "is_channels_last_contiguous_2d",
     "is_channels_last_contiguous_3d",
     "is_non_overlapping_and_dense",
+    "_is_non_overlapping_and_dense_or_false",  # (asked of an upsampling's output)
     "compute_elementwise_output_logical_to_physical_perm",
     "compute_elementwise_output_strides",
 )

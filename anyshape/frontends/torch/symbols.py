@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import weakref
+from fractions import Fraction
 
 import torch
 
@@ -68,6 +69,8 @@ def sympy_to_expr(e) -> SymExpr:
             out = out * base
         return out
     name = type(e).__name__
+    if name in ("TruncToInt", "FloorToInt"):
+        return _scaled_size(e.args[0], e)
     args = [sympy_to_expr(a) for a in e.args] if name not in ("Rational",) else []
     if name in ("FloorDiv", "floor_divide"):
         return floordiv(args[0], args[1])
@@ -80,6 +83,35 @@ def sympy_to_expr(e) -> SymExpr:
     if name == "Min":
         return sym_min(*args)
     raise UnsupportedError(f"symbolic size expression {e} ({name}) is not supported")
+
+
+def _scaled_size(f, whole) -> SymExpr:
+    """``trunc(c * float(size))``, an upsampling's output size for scale factor ``c``,
+    as ``size * p // q`` where ``p / q`` is the decimal ``c`` reads as (``repr``).
+
+    Eager rounds ``size * c`` to double and truncates. ``c`` is ``p / q`` rounded, so
+    the rounded product lies next to ``size * p / q``: on the same side of every
+    integer when that is not one (its distance from one is at least ``1 / q``, the
+    rounding error is below ``size * c / 2**52``: ``q`` up to 10**6 keeps sizes up
+    to 10**9 apart), and equal to it when it is one, unless ``c`` lies below
+    ``p / q`` by ``2**-54`` of it or more (then an integer product can round down:
+    such scales, like 0.7, are refused, as are long decimals like 1/3). Sizes are
+    not negative, so trunc is floor."""
+    coeff, rest = f.as_coeff_Mul()
+    c = float(coeff)
+    decimal = Fraction(repr(c)) if c > 0 else Fraction(0)
+    below = decimal - Fraction(c)
+    if (
+        type(rest).__name__ != "ToFloat"
+        or not 0 < decimal.denominator <= 10**6
+        or decimal <= 0
+        or below * 2**54 >= decimal
+    ):
+        raise UnsupportedError(
+            f"symbolic size expression {whole} is not supported (a scale factor whose "
+            "double product with a size may round across an integer)"
+        )
+    return floordiv(sympy_to_expr(rest.args[0]) * decimal.numerator, decimal.denominator)
 
 
 # Per captured graph (keyed by its ShapeEnv): sympy size expressions torch derived under

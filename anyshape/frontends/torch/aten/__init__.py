@@ -9,6 +9,7 @@ from . import (  # noqa: F401
     nn,
     random,
     reduce,
+    resample,
     scatter,
     shape,
 )
