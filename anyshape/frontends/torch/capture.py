@@ -552,11 +552,16 @@ def _layout_only(guard) -> bool:
     """Whether a ShapeEnv guard came from a torch decision about strides or views only.
 
     ``_prims_common``'s stride ordering (its ``__lt__``) counts too: it sorts dims to
-    lay out an output, it does not change any size.
+    lay out an output, it does not change any size. So does the memory format torch's
+    fake convolution picks for its output (``_conv_determine_backend_memory_format``
+    asks whether a dim is 1: SegFormer's last stage at 32 px), told from the same
+    function's backend choice by its source line.
     """
     frame = getattr(getattr(guard, "sloc", None), "framework_loc", None)
     name = getattr(frame, "name", None)
     if name in _LAYOUT_DECISIONS:
+        return True
+    if name == "conv" and "memory_format" in (getattr(frame, "line", "") or ""):
         return True
     filename = getattr(frame, "filename", "") or ""
     return name == "__lt__" and "_prims_common" in filename
