@@ -78,6 +78,53 @@ def test_an_upsampling_compiles_once_and_matches_eager_at_every_shape(kwargs, st
     assert anyshape.stats()["compilations"] == before
 
 
+@pytest.mark.parametrize(
+    "kwargs, stream",
+    [
+        # eager's general path for large 2-D outputs: no copy at the same size
+        (dict(mode="nearest", scale_factor=1.004), [(1, 3, 100, 100), (1, 1, 30, 30)]),
+        (dict(mode="nearest", scale_factor=2.005), [(1, 1, 100, 100), (1, 2, 20, 30)]),
+        # 1-D and 3-D always take it
+        (dict(mode="nearest", scale_factor=1.1), [(1, 1, 5), (2, 3, 10), (1, 1, 33)]),
+        (dict(mode="nearest", scale_factor=(1.25, 1.1, 0.75)), [(1, 1, 4, 5, 8), (1, 2, 8, 10, 4)]),
+        (dict(mode="nearest-exact", scale_factor=1.1), [(1, 1, 5), (2, 3, 62)]),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.uint8])
+def test_nearest_picks_eagers_pixels_on_both_of_its_paths(kwargs, stream, dtype):
+    model = Interpolate(**kwargs)
+
+    def sample(shape):  # (distinct values, so a different pixel shows)
+        return torch.arange(torch.Size(shape).numel()).reshape(shape).to(dtype)
+
+    opt = anyshape.optimize(model, (sample(_example(stream[0]).shape),))
+    assert not opt.report.fallbacks, opt.report.fallbacks
+    for shape in stream:
+        x = sample(shape)
+        assert torch.equal(opt(x), model(x)), shape
+
+
+@pytest.mark.parametrize("size", [100, 7])
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_nearest_of_float64_data_indexes_in_double_as_eager(mode, size):
+    model = Interpolate(mode=mode, size=size)
+    opt = anyshape.optimize(model, (torch.randn(1, 2, 30, dtype=torch.float64),))
+    for n in (84, 62, 5):
+        x = torch.arange(float(n), dtype=torch.float64)[None, None]
+        assert torch.equal(opt(x), model(x)), n
+
+
+def test_an_align_corners_output_of_one_does_not_recompile():
+    model = Interpolate(mode="linear", scale_factor=0.75, align_corners=True)
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 9),))
+    before = anyshape.stats()["compilations"]
+    for shape in [(1, 3, 2), (2, 1, 3), (1, 2, 17)]:
+        x = torch.randn(shape)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-6, atol=1e-6)
+    assert anyshape.stats()["compilations"] == before
+
+
 def test_nearest_keeps_integer_data_exact():
     model = Interpolate(mode="nearest", scale_factor=3)
     x = torch.randint(0, 256, (1, 3, 4, 5), dtype=torch.uint8)

@@ -33,13 +33,13 @@ from .compile import compile_graph
 def _symbol_ranges(example_inputs) -> dict[str, tuple[int, int | None]]:
     from torch._guards import detect_fake_mode
 
-    from ..frontends.torch.capture import _finite_int
+    from ..frontends.torch.export_guards import finite_int
 
     fake_mode = detect_fake_mode(example_inputs)
     env = getattr(fake_mode, "shape_env", None) if fake_mode is not None else None
     if env is None:
         return {}
-    return {str(s): (0, _finite_int(vr.upper)) for s, vr in env.var_to_range.items()}
+    return {str(s): (0, finite_int(vr.upper)) for s, vr in env.var_to_range.items()}
 
 
 def compile_forward(gm: torch.fx.GraphModule, example_inputs, options: Options):

@@ -92,11 +92,11 @@ def _scaled_size(f, whole) -> SymExpr:
     Eager rounds ``size * c`` to double and truncates. ``c`` is ``p / q`` rounded, so
     the rounded product lies next to ``size * p / q``: on the same side of every
     integer when that is not one (its distance from one is at least ``1 / q``, the
-    rounding error is below ``size * c / 2**52``: ``q`` up to 10**6 keeps sizes up
-    to 10**9 apart), and equal to it when it is one, unless ``c`` lies below
-    ``p / q`` by ``2**-54`` of it or more (then an integer product can round down:
-    such scales, like 0.7, are refused, as are long decimals like 1/3). Sizes are
-    not negative, so trunc is floor."""
+    rounding error below ``size * c / 2**52``: so while the output size times ``q``
+    stays under 2**52, outputs under 4.5e9 for ``q`` up to 10**6), and equal to it
+    when it is one, unless ``c`` lies below ``p / q`` by ``2**-54`` of it or more
+    (then an integer product can round down: such scales, like 0.7, are refused,
+    as are long decimals like 1/3). Sizes are not negative, so trunc is floor."""
     coeff, rest = f.as_coeff_Mul()
     c = float(coeff)
     decimal = Fraction(repr(c)) if c > 0 else Fraction(0)

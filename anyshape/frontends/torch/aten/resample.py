@@ -8,15 +8,22 @@ tracing it was most of ViT-base/16's 5 s capture.
 
 Each resized dim is a 1-D pass, last dim first, which adds the products in the
 order eager's CPU kernels do (``formulas.py`` writes them as arithmetic): source
-positions as a vector, with eager's formulas and dtypes (ATen's ``UpSample.h``:
-float32 for nearest indices and for float32 or 16-bit data, float64 for float64
-data), neighbour indices clamped into the input and read with ``gather``, the
-neighbours weighted and added. Output sizes are torch's own (the node's
-metadata). Eager refuses empty spatial dims, so each is guarded non-empty
-(a call that fails it is captured again, and eager's error reaches the user).
-Integer data interpolates only in the nearest modes (eager's uint8 bilinear
-kernel rounds in fixed point); the antialiased ops have no rule and run in
-PyTorch with that reason.
+positions as a vector, with eager's formulas and dtypes (ATen's ``UpSample.h``,
+``UpSampleKernel.cpp``: float32 for float32 and 16-bit data, float64 for
+float64), neighbour indices clamped into the input and read with ``gather``,
+the neighbours weighted and added. Eager picks nearest pixels two ways: 2-D
+outputs of ``h + w <= 128`` take its fast path (float32 indices whatever the
+data; a copy at the same size, a halving at twice it), everything else its
+general one; the lowering selects between both per call, so nearest matches
+eager exactly. (Eager also takes the fast path for channels-last inputs of more
+than 3 channels, which give other pixels than the same values laid out
+contiguously at odd scales; the lowering sees values, not layouts, and follows
+the contiguous case.) Output sizes are torch's own (the node's metadata).
+Eager refuses empty spatial dims, so each is guarded non-empty (a call that
+fails it is captured again, and eager's error reaches the user). Integer data
+interpolates only in the nearest modes (eager's uint8 bilinear kernel rounds
+in fixed point); the antialiased ops have no rule and run in PyTorch with that
+reason.
 """
 
 from __future__ import annotations
@@ -85,6 +92,10 @@ def resample(ctx, x, kind: str, spatial: int, align: bool, scales) -> object:
         raise UnsupportedError(f"{what}: input {x.type} with scales {scales}")
     out = ctx.out_type()
     acc = F64 if x.dtype == F64 else F32  # eager's opmath type
+    fast = None  # eager's fast nearest path: 2-D outputs of h + w <= 128
+    if nearest and spatial == 2:
+        area = dim_value(ctx, out.shape[-2], I64) + dim_value(ctx, out.shape[-1], I64)
+        fast = area <= 128
     y = x if nearest else ctx.cast(x, acc)
     for axis in reversed(range(2, x.rank)):  # (last first: eager's order of the sums)
         n_in, n_out = x.shape[axis], out.shape[axis]
@@ -92,7 +103,8 @@ def resample(ctx, x, kind: str, spatial: int, align: bool, scales) -> object:
             ctx.b.constraints.guard_le(1, d, f"{what}: {which} dim {axis} non-empty")
         scale = scales[axis - 2]
         if nearest:
-            y = _nearest_axis(ctx, y, axis, n_in, n_out, scale, kind == "nearest_exact")
+            index = _nearest_index(ctx, n_in, n_out, scale, kind == "nearest_exact", acc, fast)
+            y = _gather(ctx, y, axis, index)
         else:
             y = _weighted_axis(ctx, y, axis, n_in, n_out, scale, align, kind, acc)
     return y if nearest else ctx.cast(y, x.dtype)
@@ -110,18 +122,31 @@ def _gather(ctx, y, axis: int, index: T):
     return ctx.op("gather", y, index.n, axis=axis)
 
 
-def _nearest_axis(ctx, y, axis, n_in, n_out, scale, exact: bool):
+def _nearest_index(ctx, n_in, n_out, scale, exact: bool, acc: DType, fast) -> T:
+    """The input position each output position copies, as eager's kernel picks it: its
+    general path (``HelperInterpNearest``, ``HelperInterpNearestExact``: positions in the
+    data's opmath type, rounded to float32 and floored), or where ``fast`` holds its fast
+    path (``nearest_idx``, ``nearest_neighbor_exact_compute_source_index``)."""
     dst = iota(ctx, (n_out,), 0, I64)
     last = dim_value(ctx, n_in, I64) - 1
-    s = _scales_value(ctx, n_in, n_out, scale, F32)
+    d = dst.to(acc)
+    s = _scales_value(ctx, n_in, n_out, scale, acc)
+    if exact:  # floor(real + 0.5), the half added in double
+        real = s * (d + 0.5) - 0.5
+        index = (real.to(F64) + 0.5).to(F32).un("floor").to(I64).min(last)
+    else:
+        index = (s * d).to(F32).un("floor").to(I64).min(last)
+    if fast is None:
+        return index
+    s = _scales_value(ctx, n_in, n_out, scale, F32)  # (float32 whatever the data)
     if exact:  # (dst + 0.5) in double, times the float scale, rounded to float, floored
-        src = ((dst.to(F64) + 0.5) * s.to(F64)).to(F32).un("floor").to(I64).min(last)
-    else:  # ``nearest_idx``: a copy at the same size, a shift at twice it
-        src = (dst.to(F32) * s).un("floor").to(I64).min(last)
+        quick = ((dst.to(F64) + 0.5) * s.to(F64)).to(F32).un("floor").to(I64).min(last)
+    else:  # a copy at the same size, a shift at twice it
+        quick = (dst.to(F32) * s).un("floor").to(I64).min(last)
         size_in, size_out = dim_value(ctx, n_in, I64), dim_value(ctx, n_out, I64)
         half = (dst.to(F64) * 0.5).un("floor").to(I64)
-        src = size_out.eq(size_in).where(dst, size_out.eq(size_in * 2).where(half, src))
-    return _gather(ctx, y, axis, src)
+        quick = size_out.eq(size_in).where(dst, size_out.eq(size_in * 2).where(half, quick))
+    return fast.where(quick, index)
 
 
 def _weighted_axis(ctx, y, axis, n_in, n_out, scale, align: bool, kind: str, acc: DType):
@@ -160,6 +185,8 @@ def _weighted_axis(ctx, y, axis, n_in, n_out, scale, align: bool, kind: str, acc
     return total
 
 
+# (``formulas.cubic_kernel`` is the same kernel; these keep eager's order of operations,
+# so the weights round as eager's do)
 def _cubic_near(x: T) -> T:
     """``cubic_convolution1``: the kernel at distance ``x`` in [0, 1], as eager writes it."""
     a = _CUBIC_A
