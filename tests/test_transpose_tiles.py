@@ -96,3 +96,31 @@ def test_attention_keys_split_off_a_projection_are_tiled():
         for shape in [(2, 12, 64), (1, 1, 64), (3, 37, 64), (0, 5, 64), (2, 0, 64)]:
             x = torch.randn(*shape)
             torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class ChannelsFirstThenTokens(torch.nn.Module):
+    """SegFormer's Mix-FFN: a depthwise convolution over channels-first maps, its output
+    flattened to tokens (channels last) and passed through GELU."""
+
+    def __init__(self, channels=16):
+        super().__init__()
+        self.dw = torch.nn.Conv2d(channels, channels, 3, padding=1, groups=channels)
+        self.act = torch.nn.GELU()
+
+    def forward(self, x):
+        return self.act(self.dw(x).flatten(2).transpose(1, 2))
+
+
+def test_work_fused_with_a_plane_transpose_runs_after_a_tiled_copy():
+    """A transpose reading channel planes with GELU fused in read across whole planes
+    per element; the plan puts its input in memory and tiles the copy
+    (``plan._moves_last_dim``), and the GELU loop reads the copy in order."""
+    model = ChannelsFirstThenTokens().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 16, 12, 10),), model_cache=False)
+    assert _tiled(opt)
+    loops = [k for k in str(opt.explain()).splitlines() if "loop:" in k and "erf" in k]
+    assert loops and all("transpose" not in k for k in loops), loops
+    for shape in [(1, 16, 1, 1), (3, 16, 17, 9), (1, 16, 40, 48)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)

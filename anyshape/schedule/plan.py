@@ -11,7 +11,10 @@ of the GELU pass; a broadcast used several times stores its source, at its own
 size, and each consumer reads through it). A reshape that must be in memory (a
 GEMM operand) aliases its source's buffer instead of copying it. Every other value is computed
 inside the loop nest of the kernel that consumes it (loop fusion of
-elementwise, broadcast and view chains; input fusion into reductions). Last,
+elementwise, broadcast and view chains; input fusion into reductions). A
+transpose that reads across channel planes (its input's new last dim lies
+more than 64 elements apart) is not fused with other work: its input goes to
+memory and it becomes a tiled copy its consumers read in order. Last,
 ``stitch`` folds row reductions into the kernel that consumes them
 (softmax, layer norm: one kernel, one pass over memory), ``epilogue``
 runs a convolution's elementwise consumer inside it, and ``horizontal``
@@ -28,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.graph import Graph, Node
+from ..ir.symbolic import shape_numel
 from .costs import TargetCosts
 from .epilogue import plan_epilogues
 from .horizontal import plan_horizontal
@@ -86,6 +90,18 @@ def _swaps_last_two(node: Node) -> bool:
     perm = node.attr("perm")
     r = len(perm)
     return r >= 2 and tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
+
+
+def _moves_last_dim(t: Node) -> bool:
+    """Whether a transpose puts another dim last, neither of them statically of size 1,
+    so that consecutive outputs read its input more than 64 elements apart (or a
+    run-time distance): a channels-first plane, not a few channels."""
+    perm = t.attr("perm")
+    x = t.inputs[0]
+    if perm[-1] == len(perm) - 1 or x.shape[-1] == 1 or x.shape[perm[-1]] == 1:
+        return False
+    stride = shape_numel(x.shape[perm[-1] + 1 :])
+    return not isinstance(stride, int) or stride > 64
 
 
 def _expands(b: Node) -> bool:
@@ -186,6 +202,29 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
         cheap = fused_cost(n) <= costs.recompute_budget and n.op not in NOT_RECOMPUTED
         if cheap and not _feeds_library(n, consumers):
             continue
+        mat.add(id(n))
+        cost.clear()
+    # A transpose that moves the last dim, computed in a loop nest over its output, reads
+    # its input across whole rows per element: with work fused in it cannot be a tiled
+    # copy (SegFormer's GELU after each depthwise convolution, and its decode head's
+    # upsampled stages concatenated for a 1x1 convolution, ran at 2 GB/s). Its input is
+    # computed in memory, in its own layout, and the transpose becomes a tiled copy
+    # (``transpose_emit``) that its consumers read in order.
+    for n in nodes:
+        if n.op != "transpose" or not _moves_last_dim(n):
+            continue
+        if all(c.op == "dot" for c in consumers.get(id(n), [])) and id(n) in (
+            sched.transposed_operands
+        ):
+            continue  # (a GEMM reads it in place)
+        if id(n) not in mat and all(c.op == "transpose" for c in consumers.get(id(n), [])):
+            continue  # (a transpose of a transpose: the last one decides)
+        x = n.inputs[0]
+        while x.op == "reshape" and id(x) not in mat:
+            x = x.inputs[0]
+        if id(n) in mat and id(x) not in mat and fused_cost(x) <= costs.recompute_budget:
+            continue  # (a GEMM operand copied with a few cheap ops fused: BERT's key bias)
+        need_memory(n.inputs[0])
         mat.add(id(n))
         cost.clear()
     before = set(mat)
