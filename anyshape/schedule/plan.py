@@ -93,12 +93,15 @@ def _swaps_last_two(node: Node) -> bool:
 
 
 def _moves_last_dim(t: Node) -> bool:
-    """Whether a transpose puts another dim last, neither of them statically of size 1,
-    so that consecutive outputs read its input more than 64 elements apart (or a
-    run-time distance): a channels-first plane, not a few channels."""
+    """Whether a transpose of 4- or 8-byte elements (those ``transpose_emit`` tiles) puts
+    another dim last, neither of them statically of size 1, so that consecutive outputs
+    read its input more than 64 elements apart (or a run-time distance): a
+    channels-first plane, not a few channels."""
     perm = t.attr("perm")
     x = t.inputs[0]
     if perm[-1] == len(perm) - 1 or x.shape[-1] == 1 or x.shape[perm[-1]] == 1:
+        return False
+    if t.dtype.itemsize not in (4, 8):
         return False
     stride = shape_numel(x.shape[perm[-1] + 1 :])
     return not isinstance(stride, int) or stride > 64
