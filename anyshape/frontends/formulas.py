@@ -91,3 +91,16 @@ def cubic_kernel(t: T, a: float) -> T:
     t3 = t2 * t
     far = (t < 2.0).where(t3 * a - t2 * (5 * a) + t * (8 * a) - 4 * a, 0.0)
     return (t <= 1.0).where(t3 * (a + 2) - t2 * (a + 3) + 1.0, far)
+
+
+def weighted_taps(ctx, x: Node, axis: int, taps) -> Node:
+    """One resampling pass along ``axis``: the sum over ``(index, weight)`` taps of ``x``
+    gathered at ``index`` (a vector of the output's length) times ``weight`` (a vector
+    of it, or None for 1), added in the taps' order."""
+    total = None
+    for index, weight in taps:
+        g = ctx.op("gather", x, index.n, axis=axis)
+        if weight is not None:
+            g = ctx.op("mul", g, along(ctx, weight.to(g.dtype).n, g.shape, axis))
+        total = g if total is None else ctx.op("add", total, g)
+    return total

@@ -36,3 +36,7 @@ class TargetCosts:
     split_reductions: frozenset[str] = frozenset({"sum", "prod", "max", "min"})
     split_rows_max: int = 256
     split_row_min: int = 1024
+    # Element sizes (bytes) whose transposes moving the last dim the target copies in
+    # tiles (the CPU's ``transpose_emit``); the plan keeps other work out of those
+    # transposes when they read across channel planes (``plan._moves_last_dim``).
+    tiled_transpose_itemsizes: tuple[int, ...] = (4, 8)

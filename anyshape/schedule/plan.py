@@ -92,16 +92,16 @@ def _swaps_last_two(node: Node) -> bool:
     return r >= 2 and tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
 
 
-def _moves_last_dim(t: Node) -> bool:
-    """Whether a transpose of 4- or 8-byte elements (those ``transpose_emit`` tiles) puts
-    another dim last, neither of them statically of size 1, so that consecutive outputs
-    read its input more than 64 elements apart (or a run-time distance): a
-    channels-first plane, not a few channels."""
+def _moves_last_dim(t: Node, costs: TargetCosts) -> bool:
+    """Whether a transpose the target tiles (``tiled_transpose_itemsizes``) puts another
+    dim last, neither of them statically of size 1, so that consecutive outputs read
+    its input more than 64 elements apart (or a run-time distance): a channels-first
+    plane, not a few channels."""
     perm = t.attr("perm")
     x = t.inputs[0]
     if perm[-1] == len(perm) - 1 or x.shape[-1] == 1 or x.shape[perm[-1]] == 1:
         return False
-    if t.dtype.itemsize not in (4, 8):
+    if t.dtype.itemsize not in costs.tiled_transpose_itemsizes:
         return False
     stride = shape_numel(x.shape[perm[-1] + 1 :])
     return not isinstance(stride, int) or stride > 64
@@ -214,7 +214,7 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
     # computed in memory, in its own layout, and the transpose becomes a tiled copy
     # (``transpose_emit``) that its consumers read in order.
     for n in nodes:
-        if n.op != "transpose" or not _moves_last_dim(n):
+        if n.op != "transpose" or not _moves_last_dim(n, costs):
             continue
         if all(c.op == "dot" for c in consumers.get(id(n), [])) and id(n) in (
             sched.transposed_operands

@@ -33,13 +33,13 @@ def _buffer(scope: KernelScope, x: Node) -> Node | None:
 
 def covers(scope: KernelScope, root: Node) -> bool:
     """Whether ``root``'s kernel is a plain copy of a buffer that moves its last dim,
-    of 4- or 8-byte elements."""
+    of an element size the target tiles (4 or 8 bytes on the CPU)."""
     x, perm = root.inputs[0], list(root.attr("perm"))
     return (
         _buffer(scope, x) is not None
         and members(scope.sched, root) == [root]
         and perm[-1] != len(perm) - 1
-        and root.dtype.itemsize in (4, 8)
+        and root.dtype.itemsize in scope.sched.costs.tiled_transpose_itemsizes
     )
 
 

@@ -25,7 +25,7 @@ from ...errors import UnsupportedError
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import as_dim, as_expr, floordiv, shape_numel
-from ..formulas import T, along, cubic_kernel, dim_value, iota
+from ..formulas import T, along, cubic_kernel, dim_value, iota, weighted_taps
 from .context import Value, norm_axis, rule_registry
 from .nn_ops import _ints, _padding, _pool_size, acc_dtype
 from .shape_ops import slice_dim
@@ -112,11 +112,7 @@ def _resize_axis(ctx, x: Node, axis: int, n_out, scale, roi, cfg: _Interp, what:
         taps, weights = [(x_ori + shift).un(rounding).to(I64).clamp(0, last)], [None]
     else:
         taps, weights = _weights(x_ori, scale, last, cfg, what)
-    y = None
-    for i, w in zip(taps, weights):
-        g = ctx.op("gather", x, i.n, axis=axis)
-        g = g if w is None else ctx.op("mul", g, along(ctx, w.to(x.dtype).n, g.shape, axis))
-        y = g if y is None else ctx.op("add", y, g)
+    y = weighted_taps(ctx, x, axis, zip(taps, weights))
     if outside is not None:
         fill = ctx.full(cfg.extrapolation, y.shape, y.dtype)
         y = ctx.op("select", along(ctx, outside.n, y.shape, axis), fill, y)

@@ -29,7 +29,6 @@ import torch.fx.config
 
 from ...errors import CaptureError, UnsupportedError, first_line
 from ...ir.constraints import Guard
-from .aten.resample import UPSAMPLE_OPS
 from .export_guards import export_guards, finite_int, shape_env_of, slice_size_guards
 from .fake_cache_off import fake_tensor_cache_off
 from .fresh_writes import rewrite_fresh_writes
@@ -55,16 +54,20 @@ class Captured:
 # fake strides that later views reject (GPT-2 fails to capture with it). The
 # upsampling ops (``aten/resample.py``): their decompositions under symbolic sizes
 # take seconds to trace (bicubic: 16 gathers and 34 clamps).
-KEEP_WHOLE = (
-    "scaled_dot_product_attention.default",
-    *(str(getattr(packet, overload)).removeprefix("aten.")
-      for packet, _, _ in UPSAMPLE_OPS for overload in ("default", "vec")),
-)  # fmt: skip
+KEEP_WHOLE = ("scaled_dot_product_attention.default",)
 
 
 def decomposition_table() -> dict:
-    """torch.export's core-ATen decompositions minus the composites anyshape keeps whole."""
-    return without_ops(torch.export.default_decompositions(), KEEP_WHOLE)
+    """torch.export's core-ATen decompositions minus the composites anyshape keeps whole
+    (``KEEP_WHOLE`` and the upsampling ops ``aten/resample.py`` lowers)."""
+    from .aten.resample import UPSAMPLE_OPS  # (the lowering table: imported to capture)
+
+    upsampling = tuple(
+        str(getattr(packet, overload)).removeprefix("aten.")
+        for packet, _, _ in UPSAMPLE_OPS
+        for overload in ("default", "vec")
+    )
+    return without_ops(torch.export.default_decompositions(), KEEP_WHOLE + upsampling)
 
 
 def without_ops(table: dict, names: tuple[str, ...]) -> dict:

@@ -181,7 +181,7 @@ _LAYOUT_DECISIONS = (
 )
 
 
-# Decisions torch takes while it works out the shape of an op ``KEEP_WHOLE`` keeps, and
+# Decisions torch takes while it works out the shape of an op capture keeps whole, and
 # which that op's lowering takes again on every call: an upsampling's align_corners
 # scale for an output of one (``_compute_scale``; ``aten/resample.py`` selects per call).
 _DECIDED_PER_CALL = ("_compute_scale",)

@@ -99,13 +99,12 @@ def _scaled_size(f, whole) -> SymExpr:
     as are long decimals like 1/3). Sizes are not negative, so trunc is floor."""
     coeff, rest = f.as_coeff_Mul()
     c = float(coeff)
-    decimal = Fraction(repr(c)) if c > 0 else Fraction(0)
-    below = decimal - Fraction(c)
+    decimal = Fraction(repr(c)) if c > 0 else None
     if (
         type(rest).__name__ != "ToFloat"
-        or not 0 < decimal.denominator <= 10**6
-        or decimal <= 0
-        or below * 2**54 >= decimal
+        or decimal is None
+        or decimal.denominator > 10**6
+        or (decimal - Fraction(c)) * 2**54 >= decimal
     ):
         raise UnsupportedError(
             f"symbolic size expression {whole} is not supported (a scale factor whose "

@@ -2,7 +2,7 @@
 
 Part of the torch frontend's lowering table. ``F.interpolate`` exports as one
 ``upsample_*`` op (``.vec``: an output size or scale factors), lowered whole here,
-so capture does not decompose it under symbolic sizes (``KEEP_WHOLE`` in
+so capture does not decompose it under symbolic sizes (``decomposition_table`` in
 ``capture.py``): torch's bicubic decomposition is 16 gathers and 34 clamps, and
 tracing it was most of ViT-base/16's 5 s capture.
 
@@ -32,7 +32,7 @@ import torch
 
 from ....errors import UnsupportedError
 from ....ir.dtypes import DType
-from ...formulas import T, along, dim_value, iota
+from ...formulas import T, dim_value, iota, weighted_taps
 from ..lowering import lowering
 
 aten = torch.ops.aten
@@ -104,7 +104,7 @@ def resample(ctx, x, kind: str, spatial: int, align: bool, scales) -> object:
         scale = scales[axis - 2]
         if nearest:
             index = _nearest_index(ctx, n_in, n_out, scale, kind == "nearest_exact", acc, fast)
-            y = _gather(ctx, y, axis, index)
+            y = weighted_taps(ctx, y, axis, [(index, None)])
         else:
             y = _weighted_axis(ctx, y, axis, n_in, n_out, scale, align, kind, acc)
     return y if nearest else ctx.cast(y, x.dtype)
@@ -116,10 +116,6 @@ def _scales_value(ctx, n_in, n_out, scale, dtype: DType) -> T:
     if scale is not None and scale > 0:
         return T(ctx, ctx.const(1.0 / scale, dtype))
     return dim_value(ctx, n_in, dtype) / dim_value(ctx, n_out, dtype)
-
-
-def _gather(ctx, y, axis: int, index: T):
-    return ctx.op("gather", y, index.n, axis=axis)
 
 
 def _nearest_index(ctx, n_in, n_out, scale, exact: bool, acc: DType, fast) -> T:
@@ -177,12 +173,7 @@ def _weighted_axis(ctx, y, axis, n_in, n_out, scale, align: bool, kind: str, acc
         weights = [_cubic_far(frac + 1.0), _cubic_near(frac), _cubic_near(far),
                    _cubic_far(far + 1.0)]  # fmt: skip
         taps = [((base + (j - 1)).clamp(0, last), w) for j, w in enumerate(weights)]
-    total = None
-    for index, weight in taps:
-        g = _gather(ctx, y, axis, index)
-        term = ctx.op("mul", g, along(ctx, weight.to(g.dtype).n, g.shape, axis))
-        total = term if total is None else ctx.op("add", total, term)
-    return total
+    return weighted_taps(ctx, y, axis, taps)
 
 
 # (``formulas.cubic_kernel`` is the same kernel; these keep eager's order of operations,
