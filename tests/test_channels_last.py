@@ -141,6 +141,42 @@ def test_each_rule_keeps_values_exact():
     torch.testing.assert_close(got, want, equal_nan=True)  # max: NaN wins
 
 
+class Views(torch.nn.Module):
+    """Views of a channels-last convolution's output: a maxout splits the channels in two
+    groups (the layout moves through), the image's tokens are viewed as an image again
+    for a second convolution (the transposes cancel with the model's own), and a view
+    merging channels with rows (which the layout cannot pass) is an output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(4, 4, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        n, c, h, w = y.shape
+        y = y.view(n, 2, c // 2, h, w).amax(1)
+        tokens = y.flatten(2).transpose(1, 2) * 2.0  # [N, HW, C]
+        z = self.conv2(tokens.transpose(1, 2).reshape(n, c // 2, h, w))
+        return y.reshape(n, c // 2 * h, w), z
+
+
+def test_the_layout_moves_through_views_that_keep_channels_together():
+    torch.manual_seed(4)
+    model = Views().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 10, 12),), backend="cpu")
+    graph = _graph(opt)
+    assert all(n.attr("channels_last", False) for n in _ops(graph, "convolution"))
+    # In: the image. Out: both outputs back to channels first. The tokens' round trip
+    # and the views cost no transpose.
+    assert len([n for n in _ops(graph, "transpose") if n.inputs[0].op != "param"]) == 3
+    with torch.no_grad():
+        for shape in [(2, 3, 10, 12), (1, 3, 1, 1), (3, 3, 7, 5), (0, 3, 4, 4)]:
+            x = torch.randn(*shape)
+            for got, want in zip(opt(x), model(x)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_other_graphs_are_left_alone():
     """Grouped convolutions and models without convolutions keep their layout; the pass
     only moves transposes it made."""

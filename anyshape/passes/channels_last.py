@@ -25,6 +25,7 @@ from ..config import Options
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
 from ..ir.ops import OPS
+from ..ir.symbolic import shape_numel
 from ..ir.types import TensorType
 from .rewrite import graph_rewrite
 
@@ -45,9 +46,25 @@ def onednn_convolution(node: Node) -> bool:
     )
 
 
+def depthwise_convolution(node: Node) -> bool:
+    """A float32 2-D convolution with one input channel per group: a generated kernel
+    (``codegen/cpu/depthwise_emit.py``) runs it on [N, H, W, C] with each tap a vector
+    over channels."""
+    return (
+        node.op == "convolution"
+        and node.dtype == DType.f32
+        and node.rank == 4
+        and node.attr("groups") > 1
+        and node.inputs[1].shape[1] == 1
+        and node.inputs[1].op == "param"
+    )
+
+
 def converts(node: Node) -> bool:
     """Such a convolution, still channels first."""
-    return onednn_convolution(node) and not node.attr("channels_last", False)
+    return (onednn_convolution(node) or depthwise_convolution(node)) and not node.attr(
+        "channels_last", False
+    )
 
 
 def _attrs(**kv) -> tuple:
@@ -100,7 +117,7 @@ class _Layout:
         if not converts(node):
             return None
         x, w = node.inputs
-        x = self.transpose(x, TO_LAST)
+        x = self.reshaped_transpose(x, TO_LAST) or self.transpose(x, TO_LAST)
         stride = tuple(node.attr("stride"))
         if w.shape[2:] == (1, 1) and not any(node.attr("padding")) and stride != (1, 1):
             x = self.subsample(
@@ -165,6 +182,60 @@ class _Layout:
         reduced = Node(node.op, (src,), attrs, ty, dict(node.meta))
         return self.transpose(reduced, tuple(order.index(a) for a in kept))
 
+    def reshaped_transpose(self, r: Node, perm) -> Node | None:
+        """``transpose(reshape(v), perm)`` as ``reshape(transpose(v, perm'))`` where
+        ``perm`` moves whole groups of the dims the reshape splits or merges, so that a
+        transpose of ``v`` (a model's own [N, H * W, C] -> [N, C, H * W] before a view as
+        [N, C, H, W]) composes with it (None: the reshape does not allow it)."""
+        if r.op != "reshape":
+            return None
+        groups = _reshape_groups(r.inputs[0].shape, r.shape, self.store)
+        if groups is None:
+            return None
+        owner = {d: g for g, (_, dims) in enumerate(groups) for d in range(*dims)}
+        order = [owner[p] for k, p in enumerate(perm) if k == 0 or owner[perm[k - 1]] != owner[p]]
+        if len(set(order)) != len(order):
+            return None  # a group's dims do not stay together
+        runs = [p for g in order for p in range(*groups[g][1])]
+        if runs != list(perm):
+            return None  # nor in order
+        v, v_perm = r.inputs[0], [d for g in order for d in range(*groups[g][0])]
+        if v.op == "transpose":  # (the model's own: the two become one, or none)
+            v, v_perm = v.inputs[0], [v.attr("perm")[p] for p in v_perm]
+        v = self.transpose(v, v_perm)
+        shape = tuple(r.shape[p] for p in perm)
+        return Node("reshape", (v,), _attrs(shape=shape), TensorType(r.dtype, shape))
+
+    def reshape(self, node: Node) -> Node | None:
+        """reshape(transpose(u, perm)) -> transpose(reshape(u), perm') where each group
+        of dims the reshape splits or merges is consecutive in ``u``: the transpose moves
+        on down (to a model's own transpose back, where the two cancel)."""
+        perm = _moved(node.inputs[0])
+        if perm is None:
+            return None
+        u = node.inputs[0].inputs[0]
+        groups = _reshape_groups(node.inputs[0].shape, node.shape, self.store)
+        if groups is None:
+            return None
+        for (a, b), _ in groups:
+            if list(perm[a:b]) != list(range(perm[a], perm[a] + b - a)):
+                return None
+        by_source = sorted(range(len(groups)), key=lambda g: perm[groups[g][0][0]])
+        shape, start = [], {}
+        for g in by_source:
+            start[g] = len(shape)
+            shape += node.shape[slice(*groups[g][1])]
+        new_perm = [start[g] + k for g, (_, (c, d)) in enumerate(groups) for k in range(d - c)]
+        ty = TensorType(node.dtype, shape)
+        reshaped = Node("reshape", (u,), _attrs(shape=tuple(shape)), ty, dict(node.meta))
+        return self.transpose(reshaped, new_perm)
+
+    def compose(self, node: Node) -> Node | None:
+        """A transpose of a transpose this pass moved: one transpose, or none."""
+        if _moved(node.inputs[0]) is None:
+            return None
+        return self.transpose(node.inputs[0], node.attr("perm"))
+
     def subsample(self, x: Node, stride) -> Node:
         """Every ``stride``-th row and column of [N, H, W, C] ``x``."""
         attrs = dict(start=(0, 0, 0, 0), limit=tuple(x.shape), stride=(1, *stride, 1))
@@ -177,11 +248,38 @@ class _Layout:
             "slice": [self.slice],
             "pool": [self.pool],
             "reduce": [self.reduce],
+            "reshape": [self.reshape],
+            "transpose": [self.compose],
         }
         for name, opdef in OPS.items():
             if "elementwise" in opdef.traits:
                 rules[name] = [self.elementwise]
         return rules
+
+
+def _reshape_groups(src, dst, store) -> list | None:
+    """The dims of a reshape as ((src start, stop), (dst start, stop)) pairs, each the
+    fewest consecutive dims of equal size on both sides, the last whatever is left: the
+    sizes before it are equal and the reshape keeps the element count (if an earlier
+    size is 0, every layout of the empty tensor is the same). None where one side runs
+    out first."""
+    i, j, out = 0, 0, []
+    while i < len(src) and j < len(dst):
+        found = None
+        for total in range(2, len(src) - i + len(dst) - j + 1):
+            for na in range(1, total):
+                nb = total - na
+                if i + na <= len(src) and j + nb <= len(dst):
+                    if store.prove_eq(shape_numel(src[i : i + na]), shape_numel(dst[j : j + nb])):
+                        found = (na, nb)
+                        break
+            if found:
+                break
+        if found is None:  # the rest is one group: the reshape keeps the element count
+            found = (len(src) - i, len(dst) - j)
+        out.append(((i, i + found[0]), (j, j + found[1])))
+        i, j = i + found[0], j + found[1]
+    return out if i == len(src) and j == len(dst) else None
 
 
 def _broadcast_moved(b: Node, perm) -> Node | None:

@@ -6,7 +6,9 @@ float32/float64 and passes the loop nest of the convolution's epilogue, see
 1x1 and a model weight as weights, first tries oneDNN one image at a time
 (``dnnl_conv.h``, only compiled when the build links oneDNN); every float
 convolution has the im2col + GEMM path: per (image, group), or with the columns
-of all images side by side when each image has few output positions.
+of all images side by side when each image has few output positions, except a
+depthwise one (one input channel per group), which is a direct loop
+(``depthwise_emit``).
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from typing import TYPE_CHECKING
 
 from ...errors import UnsupportedError
 from ...ir.graph import Node
-from ...ir.symbolic import shape_numel
-from . import pool_emit
-from .ctypes_map import c_type
+from . import depthwise_emit, pool_emit
+from .conv_geometry import ConvGeometry, conv_geometry
 from .expr import KernelScope
 from .gemm_emit import dnnl_site
 from .loop_ir import For, Guarded, if_, loop, text
@@ -30,81 +31,7 @@ if TYPE_CHECKING:
 BATCHED_CONV_POSITIONS = 256
 
 
-@dataclass(frozen=True)
-class _Conv:
-    """One float convolution's geometry, as C expressions and static ints."""
-
-    t: str  # element C type
-    kernel: list[int]
-    stride: tuple
-    pad: tuple
-    dil: tuple
-    groups: int
-    og: int  # output channels per group
-    cg: int  # input channels per group
-    out_channels: int
-    ksize: int  # taps per channel
-    rows: int  # column-matrix rows per group: cg x taps
-    px: str
-    pw: str
-    po: str
-    N: str
-    C: str
-    P: str  # output positions per image
-    Q: str  # input positions per image
-    CG: str  # cg, og, out_channels and rows as the kernel reads them (a family's run-time
-    OG: str  # integers when its scope generalizes, see families.py)
-    OC: str
-    ROWS: str
-    ins: list[str]
-    outs: list[str]
-    channels_last: bool  # x [N, *spatial, C] and y [N, *spatial, O]
-
-    @property
-    def direct(self) -> bool:
-        """A 1x1 convolution with unit stride and no padding reads its input as columns."""
-        return self.ksize == 1 and all(v == 1 for v in self.stride) and not any(self.pad)
-
-
-def _conv_geometry(scope: KernelScope, root: Node) -> _Conv:
-    x, w = root.inputs
-    kernel = [int(k) for k in w.shape[2:]]
-    g = root.attr("groups")
-    ksize = int(shape_numel(kernel))
-    last = root.attr("channels_last", False)
-    x_spatial, y_spatial = (
-        (x.shape[1:-1], root.shape[1:-1]) if last else (x.shape[2:], root.shape[2:])
-    )
-    return _Conv(
-        t=c_type(root.dtype),
-        kernel=kernel,
-        stride=root.attr("stride"),
-        pad=root.attr("padding"),
-        dil=root.attr("dilation"),
-        groups=g,
-        og=w.shape[0] // g,
-        cg=w.shape[1],
-        out_channels=w.shape[0],
-        ksize=ksize,
-        rows=w.shape[1] * ksize,
-        px=scope.ptr(x),
-        pw=scope.ptr(w),
-        po=scope.ptr(root),
-        N=scope.dim(x.shape[0]),
-        C=scope.dim(x.shape[-1 if last else 1]),
-        P=scope.dim(shape_numel(y_spatial)),
-        Q=scope.dim(shape_numel(x_spatial)),
-        CG=scope.dim(w.shape[1]),
-        OG=scope.dim(w.shape[0] // g),
-        OC=scope.dim(w.shape[0]),
-        ROWS=scope.dim(w.shape[1] * ksize),
-        ins=[scope.dim(d) for d in x_spatial],
-        outs=[scope.dim(d) for d in y_spatial],
-        channels_last=last,
-    )
-
-
-def _im2col_tap(c: _Conv) -> list[str]:
+def _im2col_tap(c: ConvGeometry) -> list[str]:
     """Column-matrix row ``r`` (a channel and tap) of image ``xg`` written to ``dst``."""
     lines = [
         f"    int64_t rem = r % {c.ksize};",
@@ -127,7 +54,7 @@ class Fusion:
     out: str
 
 
-def _operands(c: _Conv, fusion: Fusion) -> str:
+def _operands(c: ConvGeometry, fusion: Fusion) -> str:
     """The declaration of ``post_operands``, the post-ops' operands at image ``n``."""
     image = f" + n * {c.P} * {c.OC}"
     ptrs = [f"(const float*){p}" + (image if whole else "") for p, whole in fusion.operands]
@@ -135,7 +62,7 @@ def _operands(c: _Conv, fusion: Fusion) -> str:
 
 
 def _dnnl_site(
-    c: _Conv,
+    c: ConvGeometry,
     route: Route,
     x: str,
     y: str,
@@ -161,7 +88,7 @@ def _dnnl_site(
     return site, call
 
 
-def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
+def _conv_dnnl(c: ConvGeometry, epilogue: list | None, route: Route) -> list:
     """A channels-first convolution one image at a time through oneDNN, each image's
     epilogue right after it. If the first image cannot run there, im2col + GEMM below
     runs instead."""
@@ -176,7 +103,7 @@ def _conv_dnnl(c: _Conv, epilogue: list | None, route: Route) -> list:
     return [Guarded("ANYSHAPE_DNNL", body)]
 
 
-def _conv_batched(c: _Conv) -> list[str]:
+def _conv_batched(c: ConvGeometry) -> list[str]:
     """im2col + GEMM with every image's columns side by side: one GEMM of N x P columns
     per group into a scratch, then each image's rows copied to the output."""
     t, P = c.t, c.P
@@ -216,7 +143,7 @@ def _conv_batched(c: _Conv) -> list[str]:
 
 
 def _conv_channels_last(
-    c: _Conv, epilogue: list | None, route: Route | None, fusion: Fusion | None = None
+    c: ConvGeometry, epilogue: list | None, route: Route | None, fusion: Fusion | None = None
 ) -> list:
     """A convolution on [N, H, W, C] activations, one image at a time, each image's
     epilogue right after it (its output still in cache), or inside oneDNN's convolution
@@ -268,7 +195,7 @@ def _conv_channels_last(
     return [*before, loop(For("n", "0", c.N), image), text("return 0;")]
 
 
-def _conv_channels_last_direct(c: _Conv, epilogue: list | None, route: Route | None) -> list:
+def _conv_channels_last_direct(c: ConvGeometry, epilogue: list | None, route: Route | None) -> list:
     """A channels-last 1x1 convolution with unit stride and no padding: the batch's
     pixels are the rows of one GEMM by the weight (oneDNN's matmul where it pays at N x P
     rows, else ``as_conv2d_nhwc``'s BLAS GEMM), then each image's epilogue. One GEMM reads
@@ -294,15 +221,6 @@ def _conv_channels_last_direct(c: _Conv, epilogue: list | None, route: Route | N
     return [*body, text("return 0;")]
 
 
-def _row_major(prefix: str, dims, count: int) -> str:
-    """Row-major offset of ``prefix0 .. prefix{count-1}`` within ``dims`` (``0`` if none)."""
-    terms = [
-        f"{prefix}{s}" + "".join(f" * {dims[j]}" for j in range(s + 1, len(dims)))
-        for s in range(count)
-    ]
-    return " + ".join(terms) or "0"
-
-
 def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
     """One column-matrix row (a channel and kernel tap) over every output position.
 
@@ -321,8 +239,8 @@ def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
         depth += "  "
     last = nsp - 1
     n_out, n_in, st = outs[last], ins[last], stride[last]
-    base_out = _row_major("o", outs, last)
-    base_in = _row_major("y", ins, last)
+    base_out = pool_emit.row_major("o", outs, last)
+    base_in = pool_emit.row_major("y", ins, last)
     inside = " && ".join(f"in{sdim}" for sdim in range(last)) or "true"
     lines += [
         f"{depth}{t}* d = dst + ({base_out});",
@@ -351,10 +269,14 @@ def emit_conv(
     The hand-written parts are ``Text`` (opaque to the passes); the epilogue stays
     a loop nest the passes see.
     """
-    c = _conv_geometry(scope, root)
+    c = conv_geometry(scope, root)
     t, g = c.t, c.groups
     out: list = [text(f"if ({c.N} == 0 || {c.P} == 0) return 0;")]
     route = scope.sched.routes.get(id(root))  # oneDNN (routes.py), when linked
+    if depthwise_emit.is_depthwise(c):
+        if c.channels_last:
+            return out + depthwise_emit.emit_depthwise_channels_last(c, epilogue)
+        return out + depthwise_emit.emit_depthwise(c, epilogue)
     if c.channels_last:
         return out + _conv_channels_last(c, epilogue, route, fusion)
     if route is not None:

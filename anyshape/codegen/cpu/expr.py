@@ -509,8 +509,8 @@ def _divides(a: SymExpr, b: SymExpr) -> bool:
     if a.is_constant and b.is_constant:
         av, bv = a.constant_value, b.constant_value
         return av != 0 and bv % av == 0 and abs(av) < abs(bv)
-    q = b // a
-    return not any(not isinstance(atom, str) for m, _ in q.terms for atom, _ in m) and q * a == b
+    q = b // a  # (a product of atoms over a factor of it divides exactly; anything else
+    return q * a == b  # keeps a floor division, which does not multiply back)
 
 
 def _is_simple(expr: str) -> bool:

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 
 from ...ir.dtypes import DType
 from ...ir.graph import Node
-from ...ir.symbolic import SymExpr, format_dim, shape_numel
+from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
 from ...schedule.plan import Schedule, fused_into
 from ...schedule.reads import members
 from . import conv_emit, gemm_emit, pool_emit, scatter_emit, transpose_emit
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .hoist import hoist_invariants
-from .loop_ir import if_, stmt, text, write
+from .loop_ir import block, if_, stmt, text, write
 from .loop_nest import ROW_SPLIT_WORK, loop_vars, nest_open, statements, store
 from .reduce_emit import emit_argreduce, emit_cumulative, emit_reduce
 from .stitch_emit import StitchScope, emit_stitch, row_tail
@@ -56,13 +56,32 @@ def _emit_pointwise(scope: KernelScope, root: Node) -> list:
         return transpose_emit.emit_transpose(scope, root)  # a copy moving the last dim
     names = tuple(loop_vars(root.rank))
     mode = "inner" if scope.split else "outer"
-    close = nest_open(scope, root.shape, names, scope.dim(root.type.numel), mode)
     group = members(scope.sched, root)  # a horizontal group stores each member
+    if root.op == "concatenate" and group == [root]:
+        return _emit_concatenate(scope, root, names, mode)
+    close = nest_open(scope, root.shape, names, scope.dim(root.type.numel), mode)
 
     def stores():
         return [store(scope, m, names, scope.fused_expression(m, names)) for m in group]
 
     return close(statements(scope, stores))
+
+
+def _emit_concatenate(scope: KernelScope, root: Node, names, mode: str) -> list:
+    """One loop nest per piece, over the piece's shape, storing into its slice of the
+    output: each element computes only its own piece (a nest over the whole output
+    computed every piece's fused value and selected one: SegFormer-B0's decode head
+    computed four bilinear upsamplings per element)."""
+    axis, offset, nests = root.attr("axis"), 0, []
+    for x in root.inputs:
+        close = nest_open(scope, x.shape, names, scope.dim(x.type.numel), mode)
+        at = list(names)
+        if offset != 0:
+            at[axis] = f"({names[axis]} + {scope.dim(offset)})"
+        value = lambda x=x, at=at: store(scope, root, at, scope.value(x, names))  # noqa: E731
+        nests.append(block(close(statements(scope, value))))  # (each its own scope)
+        offset = as_dim(as_expr(offset) + as_expr(x.shape[axis]))
+    return nests
 
 
 def _emit_window(scope: KernelScope, root: Node) -> list:

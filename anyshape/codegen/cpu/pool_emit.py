@@ -42,6 +42,15 @@ def in_range_columns(off: str, n_in, n_out, stride, valid: str = "true") -> list
     ]
 
 
+def row_major(prefix: str, dims, count: int) -> str:
+    """Row-major offset of ``prefix0 .. prefix{count-1}`` within ``dims`` (``0`` if none)."""
+    terms = [
+        f"{prefix}{s}" + "".join(f" * {dims[j]}" for j in range(s + 1, len(dims)))
+        for s in range(count)
+    ]
+    return " + ".join(terms) or "0"
+
+
 def emit_max_pool_rows(scope, root: Node) -> list:
     x = root.inputs[0]
     (kh, kw), (sh, sw) = root.attr("kernel"), root.attr("stride")
