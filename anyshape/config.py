@@ -80,7 +80,7 @@ class Options:
         metadata={
             "choices": ("channels_last", "spatial", "all", "off"),
             "help": "CPU float32 convolutions on oneDNN: channels_last (activations kept "
-            "[N, H, W, C] between them), spatial (channels first, kernels over 1x1 only), all "
+            "[N, H, W, C] between them, depthwise ones too, as generated loops), spatial (channels first, kernels over 1x1 only), all "
             "(channels first, 1x1 too), off (im2col + BLAS)",
         },
     )

@@ -111,7 +111,8 @@ FAMILIES: dict[str, str] = {
     "normalization": """nn.functional.layer_norm nn.functional.group_norm
         nn.functional.batch_norm nn.functional.batch_norm.without_cudnn native_layer_norm
         native_group_norm native_batch_norm _native_batch_norm_legit
-        nn.functional.instance_norm nn.functional.rms_norm""",
+        nn.functional.instance_norm nn.functional.rms_norm linalg.vector_norm
+        nn.functional.normalize norm norm.inf""",
     "activations": """nn.functional.gelu nn.functional.silu nn.functional.relu
         nn.functional.hardswish nn.functional.leaky_relu nn.functional.elu
         nn.functional.softplus nn.functional.mish nn.functional.hardtanh

@@ -12,10 +12,13 @@ the residual add, slices, pooling, the global average pool) until they meet the 
 convolution's and cancel. A strided 1x1 convolution reads a strided slice of its
 input, so every 1x1 convolution is a GEMM over the pixels. What is left is one transpose where the model's input enters
 and one per value that leaves in channels-first order (a graph output, or an op the
-layout does not pass through).
+layout does not pass through). Depthwise convolutions join (a generated kernel runs
+them channels last), and the transposes pass reshapes that keep the moved dims
+together: transformers with convolutions view tokens [N, H * W, C] as images and back
+(SegFormer's Mix-FFN), and there the transposes meet the model's own and cancel.
 
 Only the transposes this pass makes move (``meta["channels_last"]``); a model's own
-transposes stay where they are. Pass contract: keeps every output's type and value;
+transposes stay where they are, unless one of this pass's meets them: the two compose. Pass contract: keeps every output's type and value;
 shapes are only permuted, so every dim fact still holds.
 """
 

@@ -5,7 +5,8 @@ materialized root node into a ``Kernel``: a C++ function
 ``AS_KERNEL int k(void* const* P, const int64_t* D)`` over its own parameters
 (buffers ``P``, run-time integers ``D``) returning 0 or an error code. Kinds:
 
-- pointwise: the fused expression of the root at every output index; the outer
+- pointwise: the fused expression of the root at every output index (a
+  concatenation: one nest per piece, into its slice); the outer
   dims are flattened into one OpenMP-parallel loop (parallel only above a work
   threshold), the innermost dim is a plain loop the compiler vectorizes;
 - reduce / argreduce / cumulative: the fused input expression read inside the
@@ -13,8 +14,8 @@ materialized root node into a ``Kernel``: a C++ function
 - stitch groups: per row, the reductions into locals, then the row (``stitch_emit``);
 - dot: oneDNN's matmul against a packed model weight, or OpenBLAS sgemm/dgemm
   (batched, transposes folded into the call) (``gemm_emit``);
-- convolution: float ones through oneDNN or im2col + GEMM (``conv_emit``), with
-  their epilogue; others, and pool: direct window loops over a materialized input
+- convolution: float ones through oneDNN or im2col + GEMM (``conv_emit``),
+  depthwise ones as direct loops (``depthwise_emit``), with their epilogue; others, and pool: direct window loops over a materialized input
   (float max pooling row by row, vectorized: ``pool_emit``);
 - scatter: the indices checked, the base copied, then the updates written in,
   the threads on disjoint rows or columns of the result (``scatter_emit``);

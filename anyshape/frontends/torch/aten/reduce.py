@@ -1,5 +1,5 @@
-"""Lowering rules for ATen reductions: sum/mean/prod, max/min and their arg forms, any/all,
-var/std, cumulative sums and products, logsumexp and (log-)softmax.
+"""Lowering rules for ATen reductions: sum/mean/prod, vector norms, max/min and their arg
+forms, any/all, var/std, cumulative sums and products, logsumexp and (log-)softmax.
 
 Part of the torch frontend's lowering table (see ``lowering.py``). The IR's
 ``reduce`` drops the reduced axes; each rule reduces and then reshapes to the
@@ -86,6 +86,33 @@ def _mean(ctx, x, dim=None, keepdim=False, *, dtype=None):
 @lowering(aten.prod.dim_int, aten.prod.default)
 def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
     return _finish(ctx, reduce_axes(ctx, "prod", _as_result(ctx, x), axes_of(dim, x.rank)))
+
+
+# --- vector norms ----------------------------------------------------------------
+
+
+@lowering(aten.linalg_vector_norm.default)
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """``torch.linalg.vector_norm`` (``F.normalize``, weight norm): ``sum(|x|^ord)^(1/ord)``
+    with ord 2 as ``sqrt(sum(x * x))``, 1 as ``sum(|x|)``, +-inf as the max (min) of
+    ``|x|``, 0 as the count of nonzeros; f16/bf16 accumulate in f32."""
+    x = _as_result(ctx, x)
+    axes = axes_of(dim, x.rank)
+    ord = float(ord)
+    a = ctx.op("abs", x)
+    if math.isinf(ord):
+        _nonempty(ctx, x, axes)
+        return _finish(ctx, reduce_axes(ctx, "max" if ord > 0 else "min", a, axes))
+    if ord == 0:
+        nonzero = ctx.cast(ctx.op("ne", x, ctx.full(0, x.shape, x.dtype)), x.dtype)
+        return _finish(ctx, reduce_axes(ctx, "sum", nonzero, axes))
+    if ord == 1:
+        return _finish(ctx, reduce_axes(ctx, "sum", a, axes))
+    if ord == 2:
+        return _finish(ctx, ctx.op("sqrt", reduce_axes(ctx, "sum", ctx.op("mul", x, x), axes)))
+    powered = ctx.op("pow", a, ctx.full(ord, x.shape, x.dtype))
+    total = reduce_axes(ctx, "sum", powered, axes)
+    return _finish(ctx, ctx.op("pow", total, ctx.full(1.0 / ord, total.shape, x.dtype)))
 
 
 # --- max, min, argmax, argmin, any, all ---------------------------------------------
