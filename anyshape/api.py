@@ -284,14 +284,33 @@ def _compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options)
 
 def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, options: Options):
     """Capture and compile, checked against eager on the user's example where the capture
-    was widened or copied repeated blocks (``repeated_blocks.py``); counted once."""
+    was widened, grown (``example_growth.py``) or copied repeated blocks
+    (``repeated_blocks.py``); counted once."""
     from .frontends.torch.capture import capture_export, needs_widening, widen_example
+    from .frontends.torch.example_growth import MAX_GROWTH, grown_example, pinned_symbols
     from .plugin.compile import compile_graph  # (not needed by a model the cache restores)
 
-    def capture_and_compile(cap_args, cap_kwargs, shapes, repeats: bool):
+    def capture(cap_args, cap_kwargs, shapes, repeats: bool, grow: bool):
+        """The capture and the example it came from, grown while torch fixed a size
+        derived from it to 1 (then the third value is True)."""
         captured = capture_export(
             model, cap_args, cap_kwargs, shapes, repeats=repeats, check_repeats=False
         )
+        grown = False
+        for _ in range(MAX_GROWTH if grow and shapes is None else 0):
+            pinned = pinned_symbols(captured.guards)
+            more = pinned and grown_example(captured.exported, cap_args, cap_kwargs, pinned)
+            if not more:
+                break
+            (cap_args, cap_kwargs), seconds, grown = more, captured.seconds, True
+            captured = capture_export(
+                model, cap_args, cap_kwargs, shapes, repeats=repeats, check_repeats=False
+            )
+            captured.seconds += seconds
+        return captured, (cap_args, cap_kwargs), grown
+
+    def capture_and_compile(cap_args, cap_kwargs, shapes, repeats: bool, grow: bool = True):
+        captured, used, grown = capture(cap_args, cap_kwargs, shapes, repeats, grow)
         gm, report = compile_graph(
             captured.gm,
             captured.symbol_ranges,
@@ -302,19 +321,24 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
             capture_seconds=captured.seconds,
         )
         _note_repeats(report, captured)
-        return gm, report, captured.stamped
+        if grown:
+            report.facts.append("capture: example grown where a size derived from it was 1")
+        return gm, report, captured.stamped, used, grown
+
+    def checked(gm, stamped: bool) -> bool:
+        return agrees_with_eager(model, gm, args, kwargs) and (
+            not stamped or agrees_on_random_floats(model, gm, args, kwargs)
+        )
 
     tries = [True, False] if options.trace_repeats else [False]
     if dynamic_shapes is None and needs_widening((args, kwargs)):
         wide = widen_example(args), widen_example(kwargs)
         try:
             for repeats in tries:  # (copies that disagree: again with every call traced)
-                gm, report, stamped = capture_and_compile(*wide, None, repeats)
-                if agrees_with_eager(model, gm, args, kwargs) and (
-                    not stamped or agrees_on_random_floats(model, gm, args, kwargs)
-                ):
+                gm, report, stamped, used, _ = capture_and_compile(*wide, None, repeats)
+                if checked(gm, stamped):
                     bump("compilations")
-                    _locate_fallbacks(report, model, *wide, None, repeats)
+                    _locate_fallbacks(report, model, *used, None, repeats)
                     return gm, report
                 if not stamped:
                     break
@@ -323,14 +347,23 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
         notes = ["example dims of size 0/1 kept specialized (widened capture disagreed)"]
     else:
         notes = []
+    grow = dynamic_shapes is None
     for repeats in tries:
-        gm, report, stamped = capture_and_compile(args, kwargs, dynamic_shapes, repeats)
+        gm, report, stamped, used, grown = capture_and_compile(
+            args, kwargs, dynamic_shapes, repeats, grow
+        )
+        if grown and not checked(gm, stamped):
+            notes.append("capture: sizes derived from the example kept (grown capture disagreed)")
+            grow = False
+            gm, report, stamped, used, _ = capture_and_compile(
+                args, kwargs, dynamic_shapes, repeats, grow
+            )
         if not stamped or agrees_on_random_floats(model, gm, args, kwargs):
             break
         notes.append("capture: every call of repeated blocks traced (copies disagreed with eager)")
     bump("compilations")
     report.facts += notes
-    _locate_fallbacks(report, model, args, kwargs, dynamic_shapes, repeats)
+    _locate_fallbacks(report, model, *used, dynamic_shapes, repeats)
     return gm, report
 
 

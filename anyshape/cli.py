@@ -84,7 +84,7 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KIND=LO-HI,...",
         help="request-shape ranges per kind, e.g. text=1-8,8-256 (batch, sequence) or "
-        "image=1-4,160-224 (batch, pixels); repeatable (training: text only, default "
+        "image=1-4,160-224 (batch, pixels) or audio=1-4,16000-80000 (batch, samples); repeatable (training: text only, default "
         "text=1-16,8-256)",
     )
     bench.add_argument(
@@ -153,7 +153,8 @@ def _requests(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     return requests
 
 
-def _ranges(ap: argparse.ArgumentParser, args: argparse.Namespace, kinds) -> dict:
+def _ranges(ap: argparse.ArgumentParser, args: argparse.Namespace, kinds: dict) -> dict:
+    """``--shapes`` per kind, each with as many ranges as ``kinds`` says its shapes have."""
     try:
         ranges = {kind: r for kind, r in map(_shape_ranges, args.shapes)}
     except ValueError as e:
@@ -161,6 +162,9 @@ def _ranges(ap: argparse.ArgumentParser, args: argparse.Namespace, kinds) -> dic
     unknown_kinds = set(ranges) - set(kinds)
     if unknown_kinds:
         ap.error(f"--shapes: unknown kind(s) {sorted(unknown_kinds)}; one of {', '.join(kinds)}")
+    for kind, r in ranges.items():
+        if len(r) != kinds[kind]:
+            ap.error(f"--shapes {kind}: {len(r)} range(s), its shapes have {kinds[kind]} dims")
     return ranges
 
 
@@ -196,7 +200,7 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
     )
     _check(ap, "backends", chosen_backends, known_backends)
     requests = _requests(ap, args)
-    ranges = _ranges(ap, args, list(workloads.FULL_RANGES))
+    ranges = _ranges(ap, args, {k: len(r) for k, r in workloads.FULL_RANGES.items()})
     settings = runner.Settings(
         workloads=chosen_workloads,
         backends=["eager", *[b for b in chosen_backends if b != "eager"]],
@@ -227,7 +231,7 @@ def bench_training(ap: argparse.ArgumentParser, args: argparse.Namespace, comman
     dropout = 0.0 if args.dropout is None else args.dropout
     if not 0.0 <= dropout < 1.0:
         ap.error(f"--dropout {dropout}: expected 0 <= P < 1")
-    ranges = _ranges(ap, args, ["text"])
+    ranges = _ranges(ap, args, {"text": 2})
     if "text" in ranges and len(ranges["text"]) != 2:
         ap.error("--shapes text=...: expected two ranges, batch and sequence (text=1-16,8-256)")
     settings = training.Settings(

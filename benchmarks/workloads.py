@@ -3,8 +3,8 @@
 Sits at the bottom of ``benchmarks``: the runner asks ``build(name, quick,
 seed)`` for a model (transformers configs with random weights, no download,
 eval mode, float32) and ``stream(...)`` for the request shapes. A shape is
-``(batch, seq)`` for text, ``(batch, pixels)`` for square images and
-``(rows,)`` for 2-D micrographs; ``inputs(shape)`` makes the keyword inputs of
+``(batch, seq)`` for text, ``(batch, pixels)`` for square images, ``(batch,
+samples)`` for audio (16 kHz waveforms) and ``(rows,)`` for 2-D micrographs; ``inputs(shape)`` makes the keyword inputs of
 one request, seeded by the shape so every backend sees the same tensors.
 """
 
@@ -20,9 +20,20 @@ import transformers
 
 HIDDEN = 768
 
-# Inclusive ranges of each dim of a request shape, per kind: (batch, seq), (batch, pixels), (rows,).
-FULL_RANGES = {"text": [(1, 8), (8, 512)], "image": [(1, 4), (160, 320)], "rows": [(1, 4096)]}
-QUICK_RANGES = {"text": [(1, 4), (8, 64)], "image": [(1, 2), (32, 64)], "rows": [(1, 256)]}
+# Inclusive ranges of each dim of a request shape, per kind: (batch, seq), (batch, pixels),
+# (batch, samples), (rows,).
+FULL_RANGES = {
+    "text": [(1, 8), (8, 512)],
+    "image": [(1, 4), (160, 320)],
+    "audio": [(1, 4), (16_000, 80_000)],  # 1-5 s at 16 kHz
+    "rows": [(1, 4096)],
+}
+QUICK_RANGES = {
+    "text": [(1, 4), (8, 64)],
+    "image": [(1, 2), (32, 64)],
+    "audio": [(1, 2), (1_600, 4_000)],
+    "rows": [(1, 256)],
+}
 TEXT_EXAMPLE = (2, 16)  # the shape anyshape and the ONNX exporter compile from
 ROWS_EXAMPLE = (16,)
 QUICK = {  # one layer, 64 wide: the --quick configs
@@ -39,6 +50,15 @@ QUICK = {  # one layer, 64 wide: the --quick configs
     ),
     "resnet": dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1]),
     "segformer": dict(depths=[1, 1, 1, 1], decoder_hidden_size=64),
+    "wav2vec2": dict(
+        num_hidden_layers=1,
+        hidden_size=64,
+        num_attention_heads=4,
+        intermediate_size=128,
+        conv_dim=(32,) * 7,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+    ),
 }
 QUICK_VOCAB = 1000
 
@@ -156,6 +176,29 @@ def _segformer(quick: bool) -> Built:
     return Built(_SegmentationLogits(cfg), _image_inputs, _image_example(quick))
 
 
+def _audio_inputs(shape: tuple[int, ...]) -> dict[str, torch.Tensor]:
+    b, samples = shape
+    return {"input_values": torch.randn(b, samples, generator=_generator(shape))}
+
+
+class _SpeechFeatures(torch.nn.Module):
+    """wav2vec 2.0's contextual features of a raw waveform (a convolutional feature
+    encoder, a grouped positional convolution under weight norm, a transformer)."""
+
+    def __init__(self, cfg: transformers.Wav2Vec2Config):
+        super().__init__()
+        self.wav2vec2 = transformers.Wav2Vec2Model(cfg)
+
+    def forward(self, input_values):
+        return self.wav2vec2(input_values=input_values).last_hidden_state
+
+
+def _wav2vec2(quick: bool) -> Built:
+    cfg = _config(transformers.Wav2Vec2Config, "wav2vec2", quick)
+    example = (2, (QUICK_RANGES if quick else FULL_RANGES)["audio"][1][0])
+    return Built(_SpeechFeatures(cfg), _audio_inputs, example)
+
+
 class _FirstOutput(torch.nn.Module):
     """A BertLayer returning its hidden states as one tensor."""
 
@@ -252,6 +295,7 @@ WORKLOADS = {
         Workload("vit", "image", "compute", "ViT-base/16 (interpolated position embeddings)", _vit),
         Workload("resnet", "image", "compute", "ResNet-50 (ResNetConfig() defaults)", _resnet),
         Workload("segformer", "image", "compute", "SegFormer-B0 semantic segmentation", _segformer),
+        Workload("wav2vec2", "audio", "compute", "wav2vec 2.0 base (Wav2Vec2Model)", _wav2vec2),
         Workload("bert_layer", "text", "compute", "one BertLayer (hidden 768)", _bert_layer),
         Workload(
             "layernorm",
@@ -324,14 +368,16 @@ def stream(kind: str, n: int, seed: int, quick: bool, ranges=None) -> list[tuple
 
 
 def size(kind: str, shape: tuple[int, ...]) -> int:
-    """Tokens (batch x seq), pixels (batch x height x width) or rows of one request."""
+    """Tokens (batch x seq), pixels (batch x height x width), samples (batch x length) or
+    rows of one request."""
     if kind == "image":
         return shape[0] * shape[1] * shape[1]
-    return shape[0] * shape[1] if kind == "text" else shape[0]
+    return shape[0] * shape[1] if kind in ("text", "audio") else shape[0]
 
 
 SIZE_LABEL = {
     "text": "tokens (batch × sequence)",
     "image": "pixels (batch × height × width)",
+    "audio": "samples (batch × length)",
     "rows": "rows",
 }

@@ -117,7 +117,8 @@ def test_bad_shape_ranges_are_rejected_with_the_reason(capsys):
     for bad, why in [
         ("text=8-1,8-16", "0 < LO <= HI"),
         ("rows", "KIND=LO-HI"),
-        ("audio=1-2", "unknown kind"),
+        ("video=1-2", "unknown kind"),
+        ("audio=1-2", "1 range(s), its shapes have 2 dims"),
     ]:
         try:
             cli.main(["bench", "--shapes", bad, "--no-progress"])

@@ -83,6 +83,15 @@ def test_an_equated_compound_term_is_rewritten_inside_other_terms():
     assert not other.prove_eq(half, 1)
 
 
+def test_a_compound_term_plus_a_constant_equated_to_a_constant_is_that_constant_less():
+    # A convolution's frame count at an example of one frame: floordiv(s, 5) - 1 == 1; the
+    # positional convolution over it records floordiv(s, 5) frames, which is 2.
+    s = ConstraintStore()
+    s.add_guard(Guard("eq", floordiv(S0, 5) - 1, SymExpr.const(1), "torch.export guard"))
+    assert s.prove_eq(floordiv(S0, 5), 2) and s.prove_eq(3 * floordiv(S0, 5), 6)
+    assert not s.prove_eq(S0, 10)  # s0 is 10 to 14
+
+
 def test_a_compound_fact_holds_through_symbol_classes_and_a_zero_divisor_stays():
     s = ConstraintStore()
     s.add_guard(Guard("eq", floordiv(S1, 2), SymExpr.const(1), "a checked guard"))

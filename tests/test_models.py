@@ -149,6 +149,29 @@ def segformer():
     return model, inputs, [inputs(b, hw) for b, hw in _image_shapes(5, [32, 40, 48, 37, 64])]
 
 
+def wav2vec2():
+    """Speech: a strided convolutional feature encoder, a grouped positional convolution
+    whose weight norm runs every call, a transformer; any waveform length."""
+    cfg = transformers.Wav2Vec2Config(
+        num_hidden_layers=2,
+        hidden_size=32,
+        num_attention_heads=4,
+        intermediate_size=64,
+        conv_dim=(16,) * 7,
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4,
+    )
+    model = transformers.Wav2Vec2Model(cfg)
+    rng = random.Random(6)
+    lengths = [400, 401, 1999, *(rng.randint(400, 4000) for _ in range(STREAM - 3))]
+
+    def inputs(b, n):
+        g = torch.Generator().manual_seed(b * 31 + n)
+        return {"input_values": torch.randn(b, n, generator=g)}
+
+    return model, inputs, [inputs(1 + k % 3, n) for k, n in enumerate(lengths)]
+
+
 MODELS = {
     "bert": bert,
     "gpt2": gpt2,
@@ -156,6 +179,7 @@ MODELS = {
     "vit": vit,
     "resnet": resnet,
     "segformer": segformer,
+    "wav2vec2": wav2vec2,
 }
 
 

@@ -95,6 +95,9 @@ class ConstraintStore:
         self._parent.setdefault(keep, keep)
         if keep.is_constant and drop.has_compound:
             self._constant_compound_facts.append((drop, keep))
+            offset = drop.constant_term
+            if offset and len(drop.terms) == 2:  # (floordiv(s, 5) - 1 == 1: floordiv(s, 5) == 2)
+                self.add_equal(drop - offset, keep.constant_value - offset)
         if keep.is_constant:
             root = _power_root(drop, keep.constant_value)
             if root is not None:  # (floordiv(s, 8)**2 == 16: floordiv(s, 8) == 4)

@@ -1,0 +1,55 @@
+"""Examples grown where torch.export fixed a size derived from them to 1.
+
+Part of capture, used by ``optimize`` (``api.py``). ``widen_example`` grows example
+dims of 0 or 1, but a size computed from the example can be 1 too: wav2vec 2.0's
+feature encoder turns 401 samples into 1 frame, SegFormer's last stage is 1 wide at
+32 px. torch.export then specializes the graph on that size (a guard
+``floordiv(s + 240, 320) - 1 == 1``) and every longer input compiles again.
+``grown_example`` reads those guards and doubles the input dims their symbols name
+(by repetition: token ids and masks stay valid); the caller captures again and
+checks the result against eager on the user's own example.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.utils._pytree as pytree
+
+from ...ir.constraints import Guard
+
+# Captures grown at most this many times (each doubles the dims the guards name).
+MAX_GROWTH = 3
+
+
+def pinned_symbols(guards: list[Guard]) -> set[str]:
+    """The input symbols of guards that fix a derived size to 1 (not a remainder: ``mod(n,
+    4) == 0`` says a reshape divides evenly, which growing would not change)."""
+    out: set[str] = set()
+    for g in guards:
+        if g.op != "eq":
+            continue
+        for side, other in ((g.lhs, g.rhs), (g.rhs, g.lhs)):
+            if other.is_constant and other.constant_value == 1 and side.free_symbols:
+                if "mod(" not in str(side):
+                    out |= set(side.free_symbols)
+    return out
+
+
+def grown_example(exported, args: tuple, kwargs: dict, symbols: set[str]):
+    """``(args, kwargs)`` with every tensor dim whose size is one of ``symbols`` doubled,
+    or None where none is (or the program's inputs do not line up with the example)."""
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    names = exported.graph_signature.user_inputs
+    if len(names) != len(leaves):
+        return None
+    grown, changed = [], False
+    for name, leaf in zip(names, leaves):
+        val = placeholders[name].meta.get("val") if name in placeholders else None
+        if isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor):
+            for d, size in enumerate(val.shape):
+                if isinstance(size, torch.SymInt) and str(size) in symbols:
+                    leaf = torch.cat([leaf, leaf], dim=d)
+                    changed = True
+        grown.append(leaf)
+    return pytree.tree_unflatten(grown, spec) if changed else None
