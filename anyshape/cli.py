@@ -232,8 +232,6 @@ def bench_training(ap: argparse.ArgumentParser, args: argparse.Namespace, comman
     if not 0.0 <= dropout < 1.0:
         ap.error(f"--dropout {dropout}: expected 0 <= P < 1")
     ranges = _ranges(ap, args, {"text": 2})
-    if "text" in ranges and len(ranges["text"]) != 2:
-        ap.error("--shapes text=...: expected two ranges, batch and sequence (text=1-16,8-256)")
     settings = training.Settings(
         workloads=workloads,
         backends=["eager", *[b for b in chosen_backends if b != "eager"]],

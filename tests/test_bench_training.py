@@ -56,7 +56,7 @@ def test_bench_training_writes_results_for_bert(tmp_path, capsys):
         (["--backends", "eager,onnxruntime"], "unknown training backends ['onnxruntime']"),
         (["--workloads", "gpt2"], "unknown training workloads ['gpt2']"),
         (["--shapes", "image=1-2,32-64"], "unknown kind(s) ['image']; one of text"),
-        (["--shapes", "text=1-4"], "expected two ranges"),
+        (["--shapes", "text=1-4"], "1 range(s), its shapes have 2 dims"),
         (["--dropout", "1.5"], "expected 0 <= P < 1"),
         (["--onnx"], "not both"),
     ],

@@ -198,3 +198,38 @@ def test_a_write_through_an_eval_dropout_reaches_its_input():
         captured = capture_export(model, (torch.randn(3, 4),))
         assert captured.decomposed is False  # (the writes rewritten: same tensor, alias)
         _matches(model, [(3, 4), (0, 4), (1, 4), (5, 4)])
+
+
+class _SpeechFront(torch.nn.Module):
+    """wav2vec 2.0's front: a strided convolution under GroupNorm, then a grouped
+    positional convolution whose weight is weight norm's ``g * v / ||v||`` (over every dim
+    but 2, and in the old API's whole-tensor form)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 8, 10, stride=5, bias=False)
+        self.norm = torch.nn.GroupNorm(8, 8)
+        position = torch.nn.Conv1d(8, 8, 4, padding=2, groups=2)
+        self.position = torch.nn.utils.parametrizations.weight_norm(position, "weight", dim=2)
+        whole = torch.nn.Conv1d(8, 8, 3, padding=1)
+        self.whole = torch.nn.utils.parametrizations.weight_norm(whole, "weight", dim=None)
+
+    def forward(self, wave):
+        h = F.gelu(self.norm(self.conv(wave[:, None])))
+        return self.whole(h + self.position(h)[:, :, :-1])
+
+
+def test_group_norm_and_weight_norm_lower_as_exported():
+    torch.manual_seed(5)
+    model = _SpeechFront().eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 1.5)
+        model.norm.bias.uniform_(-1, 1)
+    example = torch.randn(2, 60)
+    assert capture_export(model, (example,)).decomposed is False
+    compiled = anyshape.optimize(model, (example,))
+    assert "fallbacks: none" in str(compiled.explain())
+    with torch.no_grad():
+        for shape in [(2, 60), (1, 15), (3, 407), (0, 50)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

@@ -25,7 +25,7 @@ from ....errors import UnsupportedError
 from ....ir.dtypes import DType
 from ....ir.symbolic import as_dim, as_expr, floordiv, shape_numel
 from ..lowering import LowerCtx, lowering, norm_dim
-from .reduce import acc_dtype, expand_back, mean
+from .reduce import acc_dtype, expand_back, mean, reduce_axes
 from .shape import slice_dim
 
 aten = torch.ops.aten
@@ -91,6 +91,28 @@ def _group_norm(ctx, x, weight, bias, n, c, hxw, group, eps):
     y, m, _, rstd = _normalize(ctx, ctx.reshape(xs, (x.shape[0], group, per_group)), (2,), eps)
     y = _affine(ctx, ctx.reshape(y, x.shape), weight, bias)
     return _finish(ctx, y, 0), _finish(ctx, m, 1), _finish(ctx, rstd, 2)
+
+
+@lowering(aten.group_norm.default)
+def _group_norm_composite(ctx, x, group, weight=None, bias=None, eps=1e-5, *_):
+    """``F.group_norm`` as exported (before decomposition): the normalized output only."""
+    xs = ctx.cast(x, acc_dtype(x.dtype))
+    per_group = as_dim(floordiv(as_expr(x.shape[1]), group) * as_expr(shape_numel(x.shape[2:])))
+    y, _, _, _ = _normalize(ctx, ctx.reshape(xs, (x.shape[0], group, per_group)), (2,), eps)
+    return _finish(ctx, _affine(ctx, ctx.reshape(y, x.shape), weight, bias))
+
+
+@lowering(aten._weight_norm.default)
+def _weight_norm(ctx, v, g, dim=0):
+    """Weight norm's weight (``nn.utils.parametrizations.weight_norm``): ``v * g / ||v||``,
+    the norm over every dim but ``dim`` (over all of them for ``dim=-1``: torch's
+    ``norm_except_dim`` reads -1 as no dim, not the last)."""
+    vs = ctx.cast(v, acc_dtype(v.dtype))
+    keep = () if dim == -1 else (norm_dim(dim, v.rank),)
+    axes = tuple(a for a in range(v.rank) if a not in keep)
+    norm = ctx.op("sqrt", reduce_axes(ctx, "sum", ctx.op("mul", vs, vs), axes))
+    scale = ctx.op("div", ctx.cast(ctx.reshape(g, norm.shape), vs.dtype), norm)
+    return _finish(ctx, ctx.op("mul", vs, expand_back(ctx, scale, vs.shape, axes)))
 
 
 def _batch_norm_eval(ctx: LowerCtx, x, weight, bias, running_mean, running_var, eps):

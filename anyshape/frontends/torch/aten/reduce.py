@@ -100,8 +100,9 @@ def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     axes = axes_of(dim, x.rank)
     ord = float(ord)
     a = ctx.op("abs", x)
-    if math.isinf(ord):
+    if ord < 0 or math.isinf(ord):  # (eager refuses an empty dim: no max, min or 0 ** -p)
         _nonempty(ctx, x, axes)
+    if math.isinf(ord):
         return _finish(ctx, reduce_axes(ctx, "max" if ord > 0 else "min", a, axes))
     if ord == 0:
         nonzero = ctx.cast(ctx.op("ne", x, ctx.full(0, x.shape, x.dtype)), x.dtype)
