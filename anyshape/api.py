@@ -302,11 +302,12 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
             more = pinned and grown_example(captured.exported, cap_args, cap_kwargs, pinned)
             if not more:
                 break
-            (cap_args, cap_kwargs), seconds, grown = more, captured.seconds, True
-            captured = capture_export(
-                model, cap_args, cap_kwargs, shapes, repeats=repeats, check_repeats=False
-            )
-            captured.seconds += seconds
+            try:
+                wider = capture_export(model, *more, shapes, repeats=repeats, check_repeats=False)
+            except AnyshapeError:  # (the grown example is not one the model takes)
+                break
+            wider.seconds += captured.seconds
+            captured, (cap_args, cap_kwargs), grown = wider, more, True
         return captured, (cap_args, cap_kwargs), grown
 
     def capture_and_compile(cap_args, cap_kwargs, shapes, repeats: bool, grow: bool = True):

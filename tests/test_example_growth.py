@@ -57,3 +57,29 @@ def test_one_compilation_from_an_example_of_one_frame():
     after = anyshape.stats()
     assert after["compilations"] - before["compilations"] == 1
     assert after["guard_recompilations"] == before["guard_recompilations"]
+
+
+class Offset(torch.nn.Module):
+    """Two inputs tied by an offset (``y`` one shorter than ``x``) into one frame: growing
+    only the input the guard names gives an example the model does not take."""
+
+    def __init__(self):
+        super().__init__()
+        self.encode = torch.nn.Conv1d(1, 2, 4, stride=4)
+        self.position = torch.nn.Conv1d(2, 2, 2, padding=1)
+
+    def forward(self, x, y):
+        h = self.encode((x[:, 1:] + y)[:, None])
+        return h + self.position(h)[..., :-1]
+
+
+def test_an_example_that_cannot_grow_keeps_the_first_capture():
+    torch.manual_seed(1)
+    model = Offset().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5), torch.randn(2, 4)), model_cache=False)
+    report = str(opt.explain())
+    assert "TorchDynamo" not in report and "example grown" not in report, report
+    with torch.no_grad():
+        for n, length in [(2, 5), (1, 6), (3, 8)]:
+            x, y = torch.randn(n, length), torch.randn(n, length - 1)
+            torch.testing.assert_close(opt(x, y), model(x, y))

@@ -2,12 +2,15 @@
 
 Part of capture, used by ``optimize`` (``api.py``). ``widen_example`` grows example
 dims of 0 or 1, but a size computed from the example can be 1 too: wav2vec 2.0's
-feature encoder turns 401 samples into 1 frame, SegFormer's last stage is 1 wide at
-32 px. torch.export then specializes the graph on that size (a guard
-``floordiv(s + 240, 320) - 1 == 1``) and every longer input compiles again.
-``grown_example`` reads those guards and doubles the input dims their symbols name
-(by repetition: token ids and masks stay valid); the caller captures again and
-checks the result against eager on the user's own example.
+feature encoder turns 401 samples into 1 frame. torch.export then specializes the
+graph on that size (a guard ``floordiv(s + 240, 320) - 1 == 1``) and every longer
+input compiles again. ``grown_example`` reads those guards and doubles the input dims
+their symbols name (by repetition: token ids and masks stay valid); the caller
+captures again and checks the result against eager on the user's own example, and
+keeps the first capture where the grown example cannot be captured (two inputs tied
+by an offset) or the grown capture does not serve the user's example. (SegFormer at
+32 px is such a case: its grown capture guards that the last stage has 2 or more
+pixels, which the 32 px example does not meet.)
 """
 
 from __future__ import annotations
