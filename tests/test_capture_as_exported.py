@@ -3,6 +3,7 @@ exported (``capture.lowers_as_exported``); any other is decomposed to core ATen 
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import tiny_bert
@@ -233,3 +234,15 @@ def test_group_norm_and_weight_norm_lower_as_exported():
         for shape in [(2, 60), (1, 15), (3, 407), (0, 50)]:
             x = torch.randn(*shape)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_group_norm_refuses_one_value_per_channel_as_eager_does():
+    model = _SpeechFront().eval()
+    compiled = anyshape.optimize(model, (torch.randn(2, 60),))
+    x = torch.randn(1, 10)  # one frame of one image: one value per group
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        model(x)
+    with pytest.raises(anyshape.InputError, match="more than 1 value per channel"):
+        compiled(x)
+    x = torch.randn(2, 10)  # one frame of two images: eager normalizes it
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

@@ -18,8 +18,9 @@ together: transformers with convolutions view tokens [N, H * W, C] as images and
 (SegFormer's Mix-FFN), and there the transposes meet the model's own and cancel.
 
 Only the transposes this pass makes move (``meta["channels_last"]``); a model's own
-transposes stay where they are, unless one of this pass's meets them: the two compose. Pass contract: keeps every output's type and value;
-shapes are only permuted, so every dim fact still holds.
+transposes stay where they are, unless one of this pass's meets them: the two
+compose. Pass contract: keeps every output's type and value; shapes are only
+permuted, so every dim fact still holds.
 """
 
 from __future__ import annotations

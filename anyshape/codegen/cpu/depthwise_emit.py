@@ -1,14 +1,22 @@
-"""Depthwise convolutions: a direct loop over each output channel's plane.
+"""Depthwise convolutions (one input channel per group, any channel multiplier) as
+direct loops.
 
-Sits beside ``conv_emit`` (whose ``emit_conv`` calls ``emit_depthwise`` for a
-channels-first float convolution with one input channel per group, any channel
-multiplier). im2col + GEMM would run one GEMM per channel of 1 output row by
+Sits beside ``conv_emit``, whose ``emit_conv`` calls here for every float
+depthwise convolution. im2col + GEMM ran one GEMM per channel, 1 output row by
 kernel-size deep: at SegFormer-B0's 1024-channel 3x3 layers that was 1.3 ms a call
-for 0.3 M multiply-adds. Here each output row accumulates one kernel tap at a time:
-the in-range columns of a tap are one interval (``pool_emit.in_range_columns``), so
-the inner loop is a branch-free vector multiply-add over the row, which stays in L1.
-Images run one after another, each image's channels split over the threads, and
-each image's epilogue runs right after it, its output still in cache.
+for 0.3 M multiply-adds.
+
+- Channels last (``emit_depthwise_channels_last``, float32 2-D in plugin mode, where
+  the layout pass converts them): each output pixel sums its taps over blocks of
+  channels held in registers, every tap's input and weight read as contiguous
+  vectors.
+- Channels first (``emit_depthwise``: float64, artifacts, 1-D and 3-D): each output
+  row accumulates one kernel tap at a time over the columns that tap keeps in range
+  (one interval, ``pool_emit.in_range_columns``), a branch-free vector loop over a
+  row that stays in L1.
+
+Images run one after another, each image's work split over the threads, and each
+image's epilogue runs right after it, its output still in cache.
 """
 
 from __future__ import annotations
@@ -21,7 +29,6 @@ from .loop_ir import For, loop, text
 
 # Below this many multiply-adds per image, one thread runs the image.
 PARALLEL_WORK = 32768
-
 
 # Output channels a channels-last pixel accumulates at once: four 64-byte vectors.
 BLOCK_BYTES = 256

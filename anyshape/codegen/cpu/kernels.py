@@ -15,8 +15,9 @@ materialized root node into a ``Kernel``: a C++ function
 - dot: oneDNN's matmul against a packed model weight, or OpenBLAS sgemm/dgemm
   (batched, transposes folded into the call) (``gemm_emit``);
 - convolution: float ones through oneDNN or im2col + GEMM (``conv_emit``),
-  depthwise ones as direct loops (``depthwise_emit``), with their epilogue; others, and pool: direct window loops over a materialized input
-  (float max pooling row by row, vectorized: ``pool_emit``);
+  depthwise ones as direct loops (``depthwise_emit``), with their epilogue;
+  others, and pool: direct window loops over a materialized input (float max
+  pooling row by row, vectorized: ``pool_emit``);
 - scatter: the indices checked, the base copied, then the updates written in,
   the threads on disjoint rows or columns of the result (``scatter_emit``);
 - transpose: a copy that moves the last dim goes through 8x8 register tiles
@@ -79,8 +80,11 @@ def _emit_concatenate(scope: KernelScope, root: Node, names, mode: str) -> list:
         at = list(names)
         if offset != 0:
             at[axis] = f"({names[axis]} + {scope.dim(offset)})"
-        value = lambda x=x, at=at: store(scope, root, at, scope.value(x, names))  # noqa: E731
-        nests.append(block(close(statements(scope, value))))  # (each its own scope)
+
+        def piece(x=x, at=at):
+            return store(scope, root, at, scope.value(x, names))
+
+        nests.append(block(close(statements(scope, piece))))  # (each its own scope)
         offset = as_dim(as_expr(offset) + as_expr(x.shape[axis]))
     return nests
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ....errors import UnsupportedError
+from ....ir.constraints import Guard
 from ....ir.dtypes import DType
 from ....ir.symbolic import as_dim, as_expr, floordiv, shape_numel
 from ..lowering import LowerCtx, lowering, norm_dim
@@ -95,9 +96,17 @@ def _group_norm(ctx, x, weight, bias, n, c, hxw, group, eps):
 
 @lowering(aten.group_norm.default)
 def _group_norm_composite(ctx, x, group, weight=None, bias=None, eps=1e-5, *_):
-    """``F.group_norm`` as exported (before decomposition): the normalized output only."""
+    """``F.group_norm`` as exported (before decomposition): the normalized output only.
+    Eager's ``F.group_norm`` refuses one value per group and image (``N * C / G`` times
+    the spatial size of 1); so does the prologue."""
     xs = ctx.cast(x, acc_dtype(x.dtype))
     per_group = as_dim(floordiv(as_expr(x.shape[1]), group) * as_expr(shape_numel(x.shape[2:])))
+    values = as_expr(x.shape[0]) * floordiv(as_expr(x.shape[1]), group)
+    values = values * as_expr(shape_numel(x.shape[2:]))
+    store = ctx.b.constraints
+    if not store.prove_ne(values, 1):
+        reason = "F.group_norm: more than 1 value per channel"
+        store.add_guard(Guard("ne", values, as_expr(1), reason))
     y, _, _, _ = _normalize(ctx, ctx.reshape(xs, (x.shape[0], group, per_group)), (2,), eps)
     return _finish(ctx, _affine(ctx, ctx.reshape(y, x.shape), weight, bias))
 
