@@ -26,7 +26,7 @@ from ....ir.constraints import Guard
 from ....ir.dtypes import DType
 from ....ir.symbolic import as_dim, as_expr, floordiv, shape_numel
 from ..lowering import LowerCtx, lowering, norm_dim
-from .reduce import acc_dtype, expand_back, mean, reduce_axes
+from .reduce import acc_dtype, expand_back, l2_norm, mean
 from .shape import slice_dim
 
 aten = torch.ops.aten
@@ -85,13 +85,19 @@ def _layer_norm_composite(ctx, x, normalized_shape, weight=None, bias=None, eps=
     return _finish(ctx, _affine(ctx, y, weight, bias, axes))
 
 
-@lowering(aten.native_group_norm.default)
-def _group_norm(ctx, x, weight, bias, n, c, hxw, group, eps):
+def _grouped_normalize(ctx: LowerCtx, x, group: int, eps: float):
+    """``x`` normalized over each image's groups of channels, in ``x``'s shape; the mean
+    and rstd per (image, group); and the count of values in each."""
     xs = ctx.cast(x, acc_dtype(x.dtype))
     per_group = as_dim(floordiv(as_expr(x.shape[1]), group) * as_expr(shape_numel(x.shape[2:])))
     y, m, _, rstd = _normalize(ctx, ctx.reshape(xs, (x.shape[0], group, per_group)), (2,), eps)
-    y = _affine(ctx, ctx.reshape(y, x.shape), weight, bias)
-    return _finish(ctx, y, 0), _finish(ctx, m, 1), _finish(ctx, rstd, 2)
+    return ctx.reshape(y, x.shape), m, rstd, per_group
+
+
+@lowering(aten.native_group_norm.default)
+def _group_norm(ctx, x, weight, bias, n, c, hxw, group, eps):
+    y, m, rstd, _ = _grouped_normalize(ctx, x, group, eps)
+    return _finish(ctx, _affine(ctx, y, weight, bias), 0), _finish(ctx, m, 1), _finish(ctx, rstd, 2)
 
 
 @lowering(aten.group_norm.default)
@@ -99,16 +105,13 @@ def _group_norm_composite(ctx, x, group, weight=None, bias=None, eps=1e-5, *_):
     """``F.group_norm`` as exported (before decomposition): the normalized output only.
     Eager's ``F.group_norm`` refuses one value per group and image (``N * C / G`` times
     the spatial size of 1); so does the prologue."""
-    xs = ctx.cast(x, acc_dtype(x.dtype))
-    per_group = as_dim(floordiv(as_expr(x.shape[1]), group) * as_expr(shape_numel(x.shape[2:])))
-    values = as_expr(x.shape[0]) * floordiv(as_expr(x.shape[1]), group)
-    values = values * as_expr(shape_numel(x.shape[2:]))
+    y, _, _, per_group = _grouped_normalize(ctx, x, group, eps)
+    values = as_expr(x.shape[0]) * as_expr(per_group)
     store = ctx.b.constraints
     if not store.prove_ne(values, 1):
         reason = "F.group_norm: more than 1 value per channel"
         store.add_guard(Guard("ne", values, as_expr(1), reason))
-    y, _, _, _ = _normalize(ctx, ctx.reshape(xs, (x.shape[0], group, per_group)), (2,), eps)
-    return _finish(ctx, _affine(ctx, ctx.reshape(y, x.shape), weight, bias))
+    return _finish(ctx, _affine(ctx, y, weight, bias))
 
 
 @lowering(aten._weight_norm.default)
@@ -119,7 +122,7 @@ def _weight_norm(ctx, v, g, dim=0):
     vs = ctx.cast(v, acc_dtype(v.dtype))
     keep = () if dim == -1 else (norm_dim(dim, v.rank),)
     axes = tuple(a for a in range(v.rank) if a not in keep)
-    norm = ctx.op("sqrt", reduce_axes(ctx, "sum", ctx.op("mul", vs, vs), axes))
+    norm = l2_norm(ctx, vs, axes)
     scale = ctx.op("div", ctx.cast(ctx.reshape(g, norm.shape), vs.dtype), norm)
     return _finish(ctx, ctx.op("mul", vs, expand_back(ctx, scale, vs.shape, axes)))
 

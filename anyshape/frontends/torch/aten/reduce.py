@@ -7,7 +7,7 @@ shape torch recorded, which is how ``keepdim`` is honoured. Inputs are first
 cast to torch's result dtype (so ``dtype=`` arguments and int-to-int64
 promotion behave as in torch), and f16/bf16 sums, means, products and scans
 accumulate in f32 before casting back. ``reduce_axes``, ``expand_back``,
-``mean`` and ``softmax`` are shared with ``nn.py``.
+``mean``, ``l2_norm`` and ``softmax`` are shared with ``nn.py``.
 """
 
 from __future__ import annotations
@@ -91,6 +91,11 @@ def _prod(ctx, x, dim=None, keepdim=False, *, dtype=None):
 # --- vector norms ----------------------------------------------------------------
 
 
+def l2_norm(ctx: LowerCtx, x, axes):
+    """``sqrt(sum(x * x))`` over ``axes`` (shared with weight norm in ``nn.py``)."""
+    return ctx.op("sqrt", reduce_axes(ctx, "sum", ctx.op("mul", x, x), axes))
+
+
 @lowering(aten.linalg_vector_norm.default)
 def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     """``torch.linalg.vector_norm`` (``F.normalize``, weight norm): ``sum(|x|^ord)^(1/ord)``
@@ -110,7 +115,7 @@ def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 1:
         return _finish(ctx, reduce_axes(ctx, "sum", a, axes))
     if ord == 2:
-        return _finish(ctx, ctx.op("sqrt", reduce_axes(ctx, "sum", ctx.op("mul", x, x), axes)))
+        return _finish(ctx, l2_norm(ctx, x, axes))
     powered = ctx.op("pow", a, ctx.full(ord, x.shape, x.dtype))
     total = reduce_axes(ctx, "sum", powered, axes)
     return _finish(ctx, ctx.op("pow", total, ctx.full(1.0 / ord, total.shape, x.dtype)))
