@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
 from ..ir.symbolic import shape_numel
 from .costs import TargetCosts
@@ -55,7 +56,8 @@ class Schedule:
     graph: Graph
     materialized: list[Node] = field(default_factory=list)  # in topological order
     kernels: list[Node] = field(default_factory=list)  # roots of kernels, in order
-    # dot operands read through a transpose of a buffer: operand node -> buffer node
+    # dot operands read in place through a transpose of a buffer (``reads_in_place``):
+    # operand node -> buffer node
     transposed_operands: dict[int, Node] = field(default_factory=dict)
     # reshapes of a buffer that need memory: they share the buffer (no copy kernel)
     aliases: dict[int, Node] = field(default_factory=dict)
@@ -86,10 +88,24 @@ class Schedule:
         self._mat: set[int] = set()
 
 
-def _swaps_last_two(node: Node) -> bool:
-    perm = node.attr("perm")
-    r = len(perm)
-    return r >= 2 and tuple(perm) == tuple(range(r - 2)) + (r - 1, r - 2)
+def reads_in_place(dot: Node, t: Node) -> bool:
+    """Whether ``dot`` reads its operand ``t``, a transpose, from the transpose's input in
+    place: the last two dims of ``t`` are the rows and columns of each matrix, and one of
+    them must be the input's last (contiguous) dim for a GEMM to read it with a leading
+    dimension; the batch dims may stride anyhow, two of them at most (attention's heads
+    ``[b, s, h, d] -> [b, h, s, d]`` and keys ``-> [b, h, d, s]``: no copy). Dots that are
+    loop nests over packed operands (not float32 or float64) read only a swap of the last
+    two dims."""
+    perm, r = tuple(t.attr("perm")), t.rank
+    if r < 2 or r - 1 not in perm[-2:]:
+        return False
+    if perm == tuple(range(r - 2)) + (r - 1, r - 2):
+        return True
+    return (
+        dot.dtype in (DType.f32, DType.f64)
+        and r - 2 <= 2
+        and tuple(t.shape[:-2]) == tuple(dot.shape[:-2])
+    )
 
 
 def _moves_last_dim(t: Node, costs: TargetCosts) -> bool:
@@ -171,7 +187,7 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
     for n in nodes:
         for k in costs.memory_operands.get(n.op, ()):
             src = n.inputs[k]
-            if n.op == "dot" and src.op == "transpose" and _swaps_last_two(src):
+            if n.op == "dot" and src.op == "transpose" and reads_in_place(n, src):
                 need_memory(src.inputs[0])
                 sched.transposed_operands[id(src)] = src.inputs[0]
             else:

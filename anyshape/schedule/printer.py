@@ -5,7 +5,8 @@ reads next to the graph's own dump (``<graph>.plan`` beside the passes'
 ``.ir`` files in ``dump_dir``). One line per value in memory, then one per
 kernel in call order: its root, kind, what it fuses (``%n:op``), and where it
 applies stitch rows, a row buffer, an epilogue, a horizontal group, operands
-read transposed in place, a no-broadcast variant, a split variant for few
+read transposed in place (``^T``: the last two dims swapped; ``^(0,2,1,3)``: the
+buffer's dims in that order), a no-broadcast variant, a split variant for few
 rows, and the backend's library route; last, the
 workspace slots, each with the buffers sharing it and their lifetimes (first
 and last kernel, counted from 0)::
@@ -24,6 +25,15 @@ from ..ir.symbolic import format_dim
 from .op_classes import CHEAP_OPS, ROOT_OPS
 from .plan import Schedule, fused_into
 from .reads import members
+
+
+def _permuted(t) -> str:
+    """How a dot reads its transposed operand ``t``: ``^T`` (the last two dims swapped) or
+    the permutation of the buffer's dims (attention's heads read in place)."""
+    perm, r = tuple(t.attr("perm")), t.rank
+    if perm == (*range(r - 2), r - 1, r - 2):
+        return "^T"
+    return "^(" + ",".join(str(p) for p in perm) + ")"
 
 
 def print_plan(sched: Schedule) -> str:
@@ -72,7 +82,7 @@ def _kernel(sched: Schedule, root, ref) -> str:
     if epilogue is not None:
         text += f" epilogue({ref(epilogue)})"
     transposed = [
-        f"{ref(i)} as {ref(sched.transposed_operands[id(i)])}^T"
+        f"{ref(i)} as {ref(sched.transposed_operands[id(i)])}{_permuted(i)}"
         for i in root.inputs
         if id(i) in sched.transposed_operands
     ]

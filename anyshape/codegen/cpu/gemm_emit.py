@@ -11,6 +11,8 @@ transposes folded into the call); integer dots are a plain loop nest.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import shape_numel
@@ -18,12 +20,6 @@ from ...schedule.plan import Schedule
 from .ctypes_map import c_type
 from .expr import KernelScope
 from .loop_ir import Guarded, text
-
-
-def _operand(sched: Schedule, x: Node) -> tuple[Node, bool]:
-    """The buffer a dot reads for operand ``x`` and whether it reads it transposed."""
-    inner = sched.transposed_operands.get(id(x))
-    return (inner, True) if inner is not None else (x, False)
 
 
 def dnnl_site(kind: str, geometry: list[str]) -> str:
@@ -44,7 +40,7 @@ def dnnl_site(kind: str, geometry: list[str]) -> str:
 
 def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> Guarded:
     k, n = (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
-    pa, pw, pc = scope.ptr(_operand(scope.sched, root.inputs[0])[0]), scope.ptr(w), scope.ptr(root)
+    pa, pw, pc = scope.ptr(root.inputs[0]), scope.ptr(w), scope.ptr(root)  # (a is packed)
     always = int(scope.sched.routes[id(root)].always)
     geometry = [scope.dim(k), scope.dim(n), str(int(transposed)), str(always)]
     call = [
@@ -55,19 +51,46 @@ def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> G
     return Guarded("ANYSHAPE_DNNL", (text(*call),))
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How a dot reads one operand ``[..., rows, cols]``: its buffer, whether each matrix
+    is stored transposed, the leading dimension, and the stride of each batch dim."""
+
+    buffer: Node
+    transposed: bool
+    ld: object  # a dim expression
+    batch_strides: list  # dim expressions, one per batch dim
+    packed: bool  # matrices one after another (what ``as_gemm_batch`` reads)
+
+
+def _layout(sched: Schedule, x: Node) -> _Layout:
+    """``x``'s layout: packed row-major, or a transpose of a buffer read in place
+    (``plan.reads_in_place``), whose strides follow from the permutation."""
+    r = x.rank
+    inner = sched.transposed_operands.get(id(x))
+    if inner is None:
+        strides = [shape_numel(x.shape[i + 1 :]) for i in range(r)]
+        return _Layout(x, False, x.shape[-1], strides[:-2], True)
+    perm = tuple(x.attr("perm"))
+    source = [shape_numel(inner.shape[j + 1 :]) for j in range(r)]
+    strides = [source[p] for p in perm]
+    transposed = perm[-2] == r - 1  # (else perm[-1] is: rows stride, columns are contiguous)
+    ld = strides[-1] if transposed else strides[-2]
+    return _Layout(inner, transposed, ld, strides[:-2], perm[:-2] == tuple(range(r - 2)))
+
+
 def emit_dot(scope: KernelScope, root: Node) -> list:
     """The GEMM call (hand-written glue, opaque to the passes)."""
     a, b = root.inputs
     m, n = root.shape[-2], root.shape[-1]
     k = a.shape[-1]
     batch = shape_numel(root.shape[:-2])
-    (abuf, ta), (bbuf, tb) = _operand(scope.sched, a), _operand(scope.sched, b)
+    la, lb = _layout(scope.sched, a), _layout(scope.sched, b)
+    (abuf, ta), (bbuf, tb) = (la.buffer, la.transposed), (lb.buffer, lb.transposed)
     pa, pb, pc = scope.ptr(abuf), scope.ptr(bbuf), scope.ptr(root)
     M, N, K, B = (scope.dim(v) for v in (m, n, k, batch))
     if root.dtype in (DType.f32, DType.f64):
         t = c_type(root.dtype)
-        lda = M if ta else K
-        ldb = K if tb else N
         lines = [
             text(
                 f"if ({M} == 0 || {N} == 0) return 0;",
@@ -77,11 +100,30 @@ def emit_dot(scope: KernelScope, root: Node) -> list:
         ]
         if id(root) in scope.sched.routes:  # oneDNN matmul (routes.py), when linked
             lines.append(_dnnl_matmul(scope, root, bbuf, tb))
+        trans = ["CblasTrans" if f else "CblasNoTrans" for f in (ta, tb)]
+        lda, ldb = scope.dim(la.ld), scope.dim(lb.ld)
+        if la.packed and lb.packed:
+            return lines + [
+                text(
+                    f"as_gemm_batch<{t}>({trans[0]}, {trans[1]}, {M}, {N}, {K}, "
+                    f"(const {t}*){pa}, {lda}, (const {t}*){pb}, {ldb}, ({t}*){pc}, {B});",
+                )
+            ]
+        # A batch over one or two dims (outer, inner), each operand at its own strides.
+        dims = list(root.shape[:-2])
+        outer, inner = dims if len(dims) == 2 else [1, *dims]
+        c_strides = [shape_numel(root.shape[i + 1 :]) for i in range(root.rank - 2)]
+
+        def pair(strides: list) -> str:
+            both = strides if len(strides) == 2 else [0, *strides]
+            return ", ".join(scope.dim(s) for s in both)
+
         return lines + [
             text(
-                f"as_gemm_batch<{t}>({'CblasTrans' if ta else 'CblasNoTrans'}, "
-                f"{'CblasTrans' if tb else 'CblasNoTrans'}, {M}, {N}, {K}, "
-                f"(const {t}*){pa}, {lda}, (const {t}*){pb}, {ldb}, ({t}*){pc}, {B});",
+                f"as_gemm_views<{t}>({trans[0]}, {trans[1]}, {M}, {N}, {K}, "
+                f"(const {t}*){pa}, {lda}, {pair(la.batch_strides)}, "
+                f"(const {t}*){pb}, {ldb}, {pair(lb.batch_strides)}, "
+                f"({t}*){pc}, {N}, {pair(c_strides)}, {scope.dim(outer)}, {scope.dim(inner)});",
             )
         ]
     ct, acc = c_type(root.dtype), "double" if root.dtype.is_float else "int64_t"

@@ -296,6 +296,49 @@ static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
                                     (blasint)batch);
 }
 
+// C[o, i] = op(A[o, i]) @ op(B[o, i]) over a batch of two dims (outer, inner), each
+// operand's matrices at its own strides: attention reads its heads in place from the
+// projections' [b, s, h, d] outputs (ld = h * d) instead of copying them to [b, h, s, d]
+// first. C has leading dimension ldc. Many small GEMMs: whole GEMMs per thread through
+// oneDNN's sgemm (as_batch_sgemm); otherwise one threaded BLAS call per GEMM.
+template <class T>
+static inline void as_gemm_views(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
+                                 int64_t k, const T* a, int64_t lda, int64_t a_outer,
+                                 int64_t a_inner, const T* b, int64_t ldb, int64_t b_outer,
+                                 int64_t b_inner, T* c, int64_t ldc, int64_t c_outer,
+                                 int64_t c_inner, int64_t outer, int64_t inner) {
+  const int64_t batch = outer * inner;
+  if (batch == 0) return;
+#define AS_VIEW(base, o, i, p) ((base) + ((p) / inner) * (o) + ((p) % inner) * (i))
+#ifdef ANYSHAPE_DNNL
+  if constexpr (as_same<T, float>::value) {
+    if (batch >= 2 * omp_get_max_threads()) {
+      const char opa = ta == CblasTrans ? 'T' : 'N', opb = tb == CblasTrans ? 'T' : 'N';
+      int failed = 0;
+      #pragma omp parallel for schedule(static) reduction(|:failed)
+      for (int64_t p = 0; p < batch; ++p)
+        failed |= dnnl_sgemm(opa, opb, m, n, k, 1.0f, AS_VIEW(a, a_outer, a_inner, p), lda,
+                             AS_VIEW(b, b_outer, b_inner, p), ldb, 0.0f,
+                             AS_VIEW(c, c_outer, c_inner, p), ldc) != 0;
+      if (!failed) return;
+    }
+  }
+#endif
+  for (int64_t p = 0; p < batch; ++p) {
+    if constexpr (as_same<T, float>::value)
+      scipy_cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, 1.0f,
+                        AS_VIEW(a, a_outer, a_inner, p), (blasint)lda,
+                        AS_VIEW(b, b_outer, b_inner, p), (blasint)ldb, 0.0f,
+                        AS_VIEW(c, c_outer, c_inner, p), (blasint)ldc);
+    else
+      scipy_cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, 1.0,
+                        AS_VIEW(a, a_outer, a_inner, p), (blasint)lda,
+                        AS_VIEW(b, b_outer, b_inner, p), (blasint)ldb, 0.0,
+                        AS_VIEW(c, c_outer, c_inner, p), (blasint)ldc);
+  }
+#undef AS_VIEW
+}
+
 // A convolution's GEMM (weights x columns, both untransposed, one image). With oneDNN
 // linked, its sgemm runs these 10-18 % faster than OpenBLAS at ResNet-50's 1x1 shapes
 // (64-2048 rows, 196-3136 columns; docs/architecture.md, "Libraries"), but not below
