@@ -287,7 +287,7 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
     was widened, grown (``example_growth.py``) or copied repeated blocks
     (``repeated_blocks.py``); counted once."""
     from .frontends.torch.capture import capture_export, needs_widening, widen_example
-    from .frontends.torch.example_growth import MAX_GROWTH, grown_example, pinned_symbols
+    from .frontends.torch.example_growth import MAX_GROWTH, grown_example, pinned_symbols, serves
     from .plugin.compile import compile_graph  # (not needed by a model the cache restores)
 
     def capture(cap_args, cap_kwargs, shapes, repeats: bool, grow: bool):
@@ -305,6 +305,9 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
             try:
                 wider = capture_export(model, *more, shapes, repeats=repeats, check_repeats=False)
             except AnyshapeError:  # (the grown example is not one the model takes)
+                break
+            if not serves(wider, args, kwargs):  # (its ranges or guards refuse the
+                captured.refused_growth = True  # user's example: not compiled)
                 break
             wider.seconds += captured.seconds
             captured, (cap_args, cap_kwargs), grown = wider, more, True
@@ -324,6 +327,11 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
         _note_repeats(report, captured)
         if grown:
             report.facts.append("capture: example grown where a size derived from it was 1")
+        if captured.refused_growth:
+            report.facts.append(
+                "capture: sizes derived from the example kept (the grown capture's guards"
+                " refuse the example)"
+            )
         return gm, report, captured.stamped, used, grown
 
     def checked(gm, stamped: bool) -> bool:

@@ -83,3 +83,34 @@ def test_an_example_that_cannot_grow_keeps_the_first_capture():
         for n, length in [(2, 5), (1, 6), (3, 8)]:
             x, y = torch.randn(n, length), torch.randn(n, length - 1)
             torch.testing.assert_close(opt(x, y), model(x, y))
+
+
+class FramesThatBranch(Frames):
+    """``Frames`` with a Python branch on the frame count: the grown capture takes the
+    other side and guards that there are 2 frames or more, which one frame fails."""
+
+    def forward(self, wave):
+        h = super().forward(wave)
+        return h * 2 if h.shape[1] > 1 else h
+
+
+def test_a_grown_capture_that_refuses_the_example_is_not_compiled(monkeypatch):
+    import anyshape.plugin.compile as compile_module
+
+    compiled = []
+    real = compile_module.compile_graph
+
+    def counted(*args, **kwargs):
+        compiled.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compile_module, "compile_graph", counted)
+    torch.manual_seed(2)
+    model = FramesThatBranch().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 14),), model_cache=False)  # 1 frame
+    assert len(compiled) == 1  # (the grown capture is refused before it is compiled)
+    assert any("guards refuse the example" in f for f in opt.report.facts), opt.report.facts
+    with torch.no_grad():
+        for n, length in [(2, 14), (1, 10), (3, 200), (0, 30)]:
+            x = torch.randn(n, length)
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)

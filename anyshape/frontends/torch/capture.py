@@ -47,6 +47,8 @@ class Captured:
     decomposed: bool = True  # False: lowered as exported, run_decompositions skipped
     seconds: float = 0.0  # how long capture_export took (explain()'s compile time)
     stamped: int = 0  # calls of repeated blocks copied from a first call (repeated_blocks.py)
+    # the capture of a grown example refused this one's example (example_growth.serves)
+    refused_growth: bool = False
 
 
 # Composite ops kept whole: anyshape lowers them itself (one fused attention

@@ -10,7 +10,8 @@ captures again and checks the result against eager on the user's own example, an
 keeps the first capture where the grown example cannot be captured (two inputs tied
 by an offset) or the grown capture does not serve the user's example. (SegFormer at
 32 px is such a case: its grown capture guards that the last stage has 2 or more
-pixels, which the 32 px example does not meet.)
+pixels, which the 32 px example does not meet.) ``serves`` sees most such cases from
+the capture's ranges and guards alone, before anything is compiled.
 """
 
 from __future__ import annotations
@@ -36,6 +37,42 @@ def pinned_symbols(guards: list[Guard]) -> set[str]:
                 if "mod(" not in str(side):
                     out |= set(side.free_symbols)
     return out
+
+
+def serves(captured, args: tuple, kwargs: dict) -> bool:
+    """Whether ``captured``'s symbol ranges and guards admit the example ``(args,
+    kwargs)``: its input symbols bound to the example's sizes, every range and every
+    guard they decide holds. True where the inputs do not line up (the check against
+    eager after compiling decides then)."""
+    env = _input_sizes(captured.exported, args, kwargs)
+    if env is None:
+        return True
+    for name, (lo, hi) in captured.symbol_ranges.items():
+        if name in env and (env[name] < lo or (hi is not None and env[name] > hi)):
+            return False
+    return all(g.holds(env) for g in captured.guards if g.free_symbols_bound(env))
+
+
+def _input_sizes(exported, args: tuple, kwargs: dict) -> dict[str, int] | None:
+    """Each input symbol of ``exported`` bound to the example's size for it; None where
+    the inputs do not line up or one symbol names two sizes."""
+    leaves, _ = pytree.tree_flatten((args, kwargs))
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    names = exported.graph_signature.user_inputs
+    if len(names) != len(leaves):
+        return None
+    env: dict[str, int] = {}
+    for name, leaf in zip(names, leaves):
+        val = placeholders[name].meta.get("val") if name in placeholders else None
+        if not (isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor)):
+            continue
+        if leaf.dim() != val.dim():
+            return None
+        for size, got in zip(val.shape, leaf.shape):
+            if isinstance(size, torch.SymInt) and size.node.expr.is_symbol:
+                if env.setdefault(str(size), got) != got:
+                    return None
+    return env
 
 
 def grown_example(exported, args: tuple, kwargs: dict, symbols: set[str]):
