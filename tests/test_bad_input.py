@@ -98,3 +98,29 @@ def test_branch_taken_only_for_the_example_size_is_checked_and_compiled_again():
             rtol=1e-4,
             atol=1e-4,
         )
+
+
+class FramesByParity(torch.nn.Module):
+    """A branch on the parity of a size computed from the input (frames of a strided
+    convolution): torch.export guards ``mod(frames, 2) != 1``, a decision, not its
+    assumption that sizes are not 0 or 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.encode = torch.nn.Conv1d(1, 8, 10, stride=5)
+
+    def forward(self, wave):
+        h = self.encode(wave[:, None]).transpose(1, 2)  # (length - 10) // 5 + 1 frames
+        return h[:, ::2] if h.shape[1] % 2 == 1 else h
+
+
+def test_a_branch_on_the_parity_of_a_derived_size_is_guarded():
+    torch.manual_seed(0)
+    model = FramesByParity().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 19),), model_cache=False)  # 2 frames
+    with torch.no_grad():
+        for length in (19, 24, 29, 200, 15, 10):  # 2, 3, 4, 39, 2 and 1 frames
+            x = torch.randn(2, length)
+            got, want = opt(x), model(x)
+            assert got.shape == want.shape, (length, got.shape, want.shape)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -79,7 +79,9 @@ def export_guards(ep, exact_pools: bool = False) -> list[Guard]:
       an exact expression, see ``size_rewrites.py``);
     - inequalities that hold for every size of 2 or more (``s != 1``, ``s >= 2``,
       ``8*s0 < 8*s0*s1``): torch assumes a dynamic dim is never 0 or 1, anyshape
-      decides broadcasting at run time, so those sizes are valid.
+      decides broadcasting at run time, so those sizes are valid. (A remainder is no
+      size: ``mod(floordiv(s, 5) - 1, 2) != 1``, a model's branch on an even frame
+      count, is kept.)
 
     A size decision (``_SIZE_DECISIONS``: a slice clamped to its input) is never
     dropped. Every kept guard (``floordiv(s0, 8)**2 + 1 == 17`` when a model took
@@ -121,7 +123,11 @@ def export_guards(ep, exact_pools: bool = False) -> list[Guard]:
         if op == "Equality":
             out.append(Guard("eq", lhs, rhs, text))
         elif op == "Unequality":
-            if g.expr in sized or not (rhs.is_constant and rhs.constant_value in (0, 1)):
+            # (``s != 1`` is torch's assumption about a size, not a decision: dropped; a
+            # remainder's ``mod(n, 2) != 1`` is a branch on parity: kept)
+            if g.expr in sized or not (
+                rhs.is_constant and rhs.constant_value in (0, 1) and "mod(" not in str(lhs)
+            ):
                 out.append(Guard("ne", lhs, rhs, text))
         elif op in ("GreaterThan", "StrictGreaterThan", "LessThan", "StrictLessThan"):
             small, big = (rhs, lhs) if op.startswith(("Greater", "StrictGreater")) else (lhs, rhs)
