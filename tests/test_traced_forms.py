@@ -364,3 +364,58 @@ def test_another_thread_sees_torchs_own_linear_while_a_capture_runs():
         t.start()
         t.join()
     assert seen and seen[0] is torch_linear
+
+
+class Resampled(torch.nn.Module):
+    """ViT's position-embedding interpolation (bicubic, to a size computed from the
+    input), a bilinear and a nearest one, and forms torch traces itself (a scale factor,
+    antialias, a 3-D input)."""
+
+    def __init__(self):
+        super().__init__()
+        self.grid = torch.nn.Parameter(torch.randn(1, 4, 6, 6))
+
+    def forward(self, x, seq):
+        h, w = x.shape[2] // 4, x.shape[3] // 4
+        F = torch.nn.functional
+        a = F.interpolate(self.grid, size=(h, w), mode="bicubic", align_corners=False)
+        b = F.interpolate(x, size=(h, w), mode="bilinear", align_corners=True)
+        c = F.interpolate(x, size=(h, w))  # nearest
+        d = F.interpolate(x, scale_factor=0.5, mode="bilinear")
+        e = F.interpolate(x, size=(h, w), mode="bilinear", antialias=True)
+        f = F.interpolate(seq, size=h, mode="linear")
+        return a + b + c, d, e, f
+
+
+def test_upsampling_to_a_size_is_recorded_as_torch_records_it():
+    from anyshape.frontends.torch import traced_forms
+
+    model = Resampled().eval()
+    x, seq = torch.randn(2, 4, 16, 20), torch.randn(2, 4, 9)
+    dims = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO}, None)
+    with torch.no_grad():
+        torch_own = torch.export.export(model, (x, seq), dynamic_shapes=dims, strict=False)
+    seen = []
+    real = traced_forms.upsample_opaque
+
+    def counting(*args):
+        seen.append(args[2])
+        return real(*args)
+
+    traced_forms.upsample_opaque = counting
+    try:
+        ours = _export(model, (x, seq), {}, dims)
+    finally:
+        traced_forms.upsample_opaque = real
+    assert sorted(seen) == ["bicubic", "bilinear", "nearest"]  # the three plain forms
+    assert _calls(ours.graph) == _calls(torch_own.graph)
+    compiled = anyshape.optimize(model, (x, seq))
+    with torch.no_grad():
+        for shape in [(1, 4, 8, 8), (3, 4, 23, 17), (0, 4, 12, 12)]:
+            x = torch.randn(shape)
+            for got, want in zip(compiled(x, seq), model(x, seq)):
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        with pytest.raises(Exception, match="greater than 0"):  # an output of size 0
+            model(torch.randn(1, 4, 3, 8), seq)
+        with pytest.raises(Exception, match="greater than 0"):
+            compiled(torch.randn(1, 4, 3, 8), seq)

@@ -24,6 +24,14 @@ Part of capture (``capture.py``), around ``torch.export``:
   capture (32 linear layers and 18 dropouts traced) 1.12 -> 1.04 s, BERT-base's
   0.56 -> 0.53 s (AVX-512 Zen 5).
 
+- ``opaque_upsample``: ``F.interpolate`` of a 4-D input to a given size, nearest,
+  bilinear or bicubic, as one opaque op shaped ``[N, C, *size]``. torch traces the
+  bicubic (and bilinear) kernels through their Python decompositions at the autograd
+  key, 16 gathers and 34 clamps under symbolic sizes, though the graph keeps the op
+  whole: ViT's position-embedding interpolation was about 0.4 s of its 0.9 s capture.
+  The fake keeps torch's checks (sizes over 0: the same guards). Restored to the
+  ``.vec`` op torch records.
+
 ``F.linear`` is C++, so the swapped function follows the protocol of torch's Python
 functions (``handle_torch_function`` while export's function modes are on): the modes
 call it again with themselves off, and it records the opaque op then.
@@ -51,6 +59,7 @@ __all__ = [
     "opaque_dropout",
     "opaque_linear",
     "opaque_relu",
+    "opaque_upsample",
     "restore_traced_forms",
     "traced_forms",
 ]
@@ -135,6 +144,36 @@ def _(x, p):
 _DROPOUT_EVAL = torch.ops.anyshape.dropout_eval.default
 
 
+@torch.library.custom_op("anyshape::upsample_opaque", mutates_args=())
+def upsample_opaque(
+    x: torch.Tensor, size: list[int], mode: str, align_corners: bool
+) -> torch.Tensor:
+    if mode == "nearest":
+        return _UPSAMPLE_VEC[mode](x, size, None)
+    return _UPSAMPLE_VEC[mode](x, size, align_corners, None)
+
+
+@upsample_opaque.register_fake
+def _(x, size, mode, align_corners):
+    # (torch's own checks, as its meta function makes them: the same guards on the sizes)
+    torch._check(
+        all(d > 0 for d in x.shape[2:]) and all(d > 0 for d in size),
+        lambda: (
+            "Input and output sizes should be greater than 0, but got input size "
+            f"{list(x.shape)} and output size {list(size)}"
+        ),
+    )
+    return x.new_empty((x.shape[0], x.shape[1], *size))
+
+
+_UPSAMPLE_OPAQUE = torch.ops.anyshape.upsample_opaque.default
+_UPSAMPLE_VEC = {
+    "nearest": torch.ops.aten.upsample_nearest2d.vec,
+    "bilinear": torch.ops.aten.upsample_bilinear2d.vec,
+    "bicubic": torch.ops.aten.upsample_bicubic2d.vec,
+}
+
+
 # Tensors a capture traces (the fake tensors of inputs and parameters); a subclass of the
 # user's keeps torch's function.
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, FakeTensor)
@@ -163,7 +202,7 @@ def traced_forms(opaque: bool = True):
     as torch traces them."""
     forms = [max_pool1d_as_2d]
     if opaque:
-        forms += [opaque_batch_norm, opaque_relu, opaque_linear, opaque_dropout]
+        forms += [opaque_batch_norm, opaque_relu, opaque_linear, opaque_dropout, opaque_upsample]
     with contextlib.ExitStack() as stack:
         for form in forms:
             stack.enter_context(form())
@@ -254,6 +293,45 @@ def opaque_dropout():
     return _swapped("dropout", make)
 
 
+def opaque_upsample():
+    """``F.interpolate`` of a 4-D input to a given ``size`` (nearest, bilinear or bicubic,
+    no antialias, no scale factor) as ``anyshape::upsample_opaque`` while the body runs,
+    on capturing threads, without autograd (anything else as torch traces it)."""
+
+    def make(original):
+        def interpolate(input, size=None, scale_factor=None, mode="nearest",
+                        align_corners=None, recompute_scale_factor=None, antialias=False):  # fmt: skip
+            args = (input, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                    antialias)  # fmt: skip
+            if not _traced_here("interpolate"):
+                return original(*args)
+            if torch.overrides.has_torch_function_unary(input):  # (as opaque_linear)
+                return torch.overrides.handle_torch_function(
+                    interpolate, (input,), input, size, scale_factor, mode, align_corners,
+                    recompute_scale_factor, antialias,
+                )  # fmt: skip
+            sizes = list(size) if isinstance(size, (list, tuple)) else [size, size]
+            plain = (
+                type(input) in _PLAIN_TENSORS
+                and input.dim() == 4
+                and input.dtype.is_floating_point
+                and mode in _UPSAMPLE_VEC
+                and scale_factor is None
+                and not recompute_scale_factor
+                and not antialias
+                and len(sizes) == 2
+                and all(isinstance(d, (int, torch.SymInt)) for d in sizes)
+                and (align_corners is None or mode != "nearest")
+            )
+            if not plain:
+                return original(*args)
+            return upsample_opaque(input, sizes, mode, bool(align_corners))
+
+        return interpolate
+
+    return _swapped("interpolate", make)
+
+
 def opaque_batch_norm():
     """``F.batch_norm`` in eval mode with running statistics as ``anyshape::batch_norm_eval``
     while the body runs, on capturing threads, without autograd (anything else as torch
@@ -290,7 +368,7 @@ def opaque_batch_norm():
 def restore_traced_forms(ep) -> None:
     """Each opaque op of ``ep``'s graphs (its subgraphs too: a higher-order op's body) as
     the node torch records for the call: ``aten.batch_norm``, ``aten.relu``,
-    ``aten.linear``, ``aten.dropout`` (its metadata kept, less the argument values
+    ``aten.linear``, ``aten.dropout``, an upsampling's ``.vec`` (its metadata kept, less the argument values
     recorded in the opaque op's layout; the graph's Python is generated where it runs,
     ``capture_program``)."""
     for module in ep.graph_module.modules():
@@ -316,6 +394,10 @@ _RESTORE = {
     _DROPOUT_EVAL: lambda x, p: (torch.ops.aten.dropout.default, (x, p, False)),
     _RELU_OPAQUE: lambda x: (torch.ops.aten.relu.default, (x,)),
     _BATCH_NORM_EVAL: _batch_norm_node,
+    _UPSAMPLE_OPAQUE: lambda x, size, mode, align_corners: (
+        _UPSAMPLE_VEC[mode],
+        (x, size, None) if mode == "nearest" else (x, size, align_corners, None),
+    ),
 }
 
 
