@@ -432,3 +432,14 @@ def test_a_power_equated_to_a_constant_gives_its_root():
     cube = ConstraintStore()
     cube.add_equal(2 * grid * grid * grid, 54)  # 2 * g**3 == 54: g == 3
     assert cube.prove_eq(grid, 3)
+
+
+def test_a_guard_dividing_by_a_size_of_0_does_not_hold():
+    """``mod(1, s) != 0`` at s = 0 divides by 0: the guard fails (a variant is compiled for
+    that case), it does not raise ZeroDivisionError into the caller."""
+    from anyshape.ir.symbolic import as_expr
+
+    s = SymExpr.symbol("s")
+    assert not Guard("ne", mod(as_expr(1), s), as_expr(0), "t").holds({"s": 0})
+    assert Guard("ne", mod(as_expr(1), s), as_expr(0), "t").holds({"s": 3})
+    assert not Guard("le", as_expr(1), floordiv(as_expr(16), s), "t").holds({"s": 0})

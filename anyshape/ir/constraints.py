@@ -38,7 +38,12 @@ class Guard:
     reason: str
 
     def holds(self, env: Mapping[str, int]) -> bool:
-        a, b = self.lhs.evaluate(env), self.rhs.evaluate(env)
+        """Whether the guard holds at ``env``; not where a side divides by 0 there (a
+        remainder or quotient by a size that is 0 decides nothing)."""
+        try:
+            a, b = self.lhs.evaluate(env), self.rhs.evaluate(env)
+        except ZeroDivisionError:
+            return False
         return a == b if self.op == "eq" else a != b if self.op == "ne" else a <= b
 
     def free_symbols_bound(self, env: Mapping[str, int]) -> bool:

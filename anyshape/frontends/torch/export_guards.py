@@ -79,9 +79,9 @@ def export_guards(ep, exact_pools: bool = False) -> list[Guard]:
       an exact expression, see ``size_rewrites.py``);
     - inequalities that hold for every size of 2 or more (``s != 1``, ``s >= 2``,
       ``8*s0 < 8*s0*s1``): torch assumes a dynamic dim is never 0 or 1, anyshape
-      decides broadcasting at run time, so those sizes are valid. (A remainder is no
-      size: ``mod(floordiv(s, 5) - 1, 2) != 1``, a model's branch on an even frame
-      count, is kept.)
+      decides broadcasting at run time, so those sizes are valid. (A remainder by a
+      constant is no size: ``mod(floordiv(s, 5) - 1, 2) != 1``, a model's branch on an
+      even frame count, is kept.)
 
     A size decision (``_SIZE_DECISIONS``: a slice clamped to its input) is never
     dropped. Every kept guard (``floordiv(s0, 8)**2 + 1 == 17`` when a model took
@@ -123,10 +123,13 @@ def export_guards(ep, exact_pools: bool = False) -> list[Guard]:
         if op == "Equality":
             out.append(Guard("eq", lhs, rhs, text))
         elif op == "Unequality":
-            # (``s != 1`` is torch's assumption about a size, not a decision: dropped; a
-            # remainder's ``mod(n, 2) != 1`` is a branch on parity: kept)
+            # (``s != 1`` is torch's assumption about a size, not a decision: dropped, as
+            # is ``mod(1, s) != 0``, the same assumption; a remainder by a constant,
+            # ``mod(n, 2) != 1``, is a branch on parity: kept)
             if g.expr in sized or not (
-                rhs.is_constant and rhs.constant_value in (0, 1) and "mod(" not in str(lhs)
+                rhs.is_constant
+                and rhs.constant_value in (0, 1)
+                and not _remainder_by_a_constant(expr.lhs)
             ):
                 out.append(Guard("ne", lhs, rhs, text))
         elif op in ("GreaterThan", "StrictGreaterThan", "LessThan", "StrictLessThan"):
@@ -135,6 +138,16 @@ def export_guards(ep, exact_pools: bool = False) -> list[Guard]:
                 small = small + 1
             out.append(Guard("le", small, big, text))
     return out
+
+
+def _remainder_by_a_constant(expr) -> bool:
+    """Whether ``expr`` takes a remainder by a constant (``Mod(n, 2)``)."""
+    import sympy
+
+    return any(
+        type(f).__name__ in ("Mod", "PythonMod") and f.args[1].is_number
+        for f in sympy.preorder_traversal(expr)
+    )
 
 
 # torch functions whose guards choose a size of the graph: never dropped as 0/1 facts
