@@ -106,3 +106,11 @@ def test_a_mask_that_masks_nothing_costs_nothing():
         keep = torch.rand(b, s) > 0.3
         keep[:, :1] = True  # (a row of -inf everywhere is NaN in eager's softmax too)
         torch.testing.assert_close(opt(q, k, keep), model(q, k, keep), equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [DType.i8, DType.i16, DType.i32, DType.u8, DType.u32])
+def test_narrower_integers_are_not_folded(dtype):
+    """An i8 iota over 200 elements is negative from 128 on, a u8 ``iota - 1`` is 255 at
+    0: only int64 (what torch's ``arange`` gives) is folded."""
+    assert _fold("ge", 0, 0, size=200, dtype=dtype).op == "select"
+    assert _fold("ge", 0, 0, size=200, dtype=DType.i64).op == "input"

@@ -112,17 +112,19 @@ def _broadcast_of_unit_dims(node: Node) -> Node | None:
 
 
 # Integer value ranges: how deep a value's producers are followed, and the values a
-# range may hold (outside them: unknown, so that no fold depends on wrapping).
+# range may hold (outside them: unknown, so that no fold depends on int64 wrapping).
 _RANGE_DEPTH = 8
 _RANGE_LIMIT = 1 << 31
 _VIEWS = ("broadcast_in_dim", "reshape", "transpose")
 
 
 def _int_range(node: Node, depth: int = 0) -> tuple[int | None, int | None] | None:
-    """The least and greatest value of an integer ``node`` (None: unbounded that way), or
+    """The least and greatest value of an int64 ``node`` (None: unbounded that way), or
     None where unknown. An iota is at least 0 at every size (at most its size - 1 when that
-    is static); views keep their operand's values; constants, sums and differences."""
-    if not node.dtype.is_int or depth > _RANGE_DEPTH:
+    is static); views keep their operand's values; constants, sums and differences, all
+    far inside int64 (a narrower or unsigned type wraps within sizes a model meets: an i8
+    iota over 200 elements is negative from 128 on)."""
+    if node.dtype is not DType.i64 or depth > _RANGE_DEPTH:
         return None
     if node.op == "constant":
         v = node.attr("value")

@@ -141,13 +141,10 @@ def export_guards(ep, exact_pools: bool = False) -> list[Guard]:
 
 
 def _remainder_by_a_constant(expr) -> bool:
-    """Whether ``expr`` takes a remainder by a constant (``Mod(n, 2)``)."""
-    import sympy
-
-    return any(
-        type(f).__name__ in ("Mod", "PythonMod") and f.args[1].is_number
-        for f in sympy.preorder_traversal(expr)
-    )
+    """Whether ``expr`` is a remainder by a constant (``Mod(n, 2)``), not a size that
+    holds one (``floordiv(s + mod(s, 2), 2)``: a padded size, whose ``!= 1`` is torch's
+    assumption again)."""
+    return type(expr).__name__ in ("Mod", "PythonMod") and expr.args[1].is_number
 
 
 # torch functions whose guards choose a size of the graph: never dropped as 0/1 facts
