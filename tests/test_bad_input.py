@@ -146,3 +146,36 @@ def test_a_size_holding_a_remainder_is_not_a_parity_decision():
     after = anyshape.stats()
     assert after["compilations"] - before["compilations"] == 1
     assert after["guard_recompilations"] == before["guard_recompilations"]
+
+
+def test_a_call_a_variant_refuses_goes_on_to_a_variant_of_its_own():
+    """ViT skips interpolating its position embeddings for a square image of the
+    configured patch count: the variant compiled for a square call makes the image's two
+    dims one. A later call of that patch count but not square fails the first graph's
+    guard too, and the square variant's dims: it gets a variant of its own."""
+    cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        image_size=32,
+        patch_size=8,
+    )
+    vit = transformers.ViTModel(cfg, add_pooling_layer=False).eval()
+
+    class Interpolated(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.vit = vit
+
+        def forward(self, pixel_values):
+            out = self.vit(pixel_values=pixel_values, interpolate_pos_encoding=True)
+            return out.last_hidden_state
+
+    torch.manual_seed(0)
+    model = Interpolated().eval()
+    with torch.no_grad():
+        opt = anyshape.optimize(model, (torch.randn(2, 3, 40, 56),), model_cache=False)
+        for hw in [(32, 32), (16, 64), (32, 32), (64, 16), (48, 40)]:
+            x = torch.randn(1, 3, *hw)
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)

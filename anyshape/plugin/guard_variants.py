@@ -50,9 +50,11 @@ class GuardVariants:
         for variant in list(self.variants):
             try:
                 return variant(*args, **kwargs)
-            except InputError as e:
-                if not failed_guard(e):
-                    raise
+            except InputError:
+                # (the first graph accepted this call's ranks, dtypes and dims: a variant
+                # refusing it is specialized elsewhere, e.g. a square image's two dims
+                # made one, so the call goes on to the next variant or a new one)
+                continue
         with self._lock:
             variant = self._compile(failure, args, kwargs)
         return variant(*args, **kwargs)
