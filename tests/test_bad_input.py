@@ -58,10 +58,8 @@ def test_valid_edge_shapes_still_match_eager(bert):
             )
 
 
-def test_branch_taken_only_for_the_example_size_is_checked_and_compiled_again():
-    # ViT skips position-embedding interpolation when the image has the config size:
-    # torch.export records that as a guard, which the prologue must check; a call that
-    # fails it is compiled again for its own case (eager runs it), not refused.
+def _small_vit():
+    """A one-layer ViT for 32 px images of 8 px patches (16 patches), random weights."""
     cfg = transformers.ViTConfig(
         num_hidden_layers=1,
         hidden_size=32,
@@ -70,7 +68,14 @@ def test_branch_taken_only_for_the_example_size_is_checked_and_compiled_again():
         image_size=32,
         patch_size=8,
     )
-    model = transformers.ViTModel(cfg, add_pooling_layer=False).eval()
+    return transformers.ViTModel(cfg, add_pooling_layer=False).eval()
+
+
+def test_branch_taken_only_for_the_example_size_is_checked_and_compiled_again():
+    # ViT skips position-embedding interpolation when the image has the config size:
+    # torch.export records that as a guard, which the prologue must check; a call that
+    # fails it is compiled again for its own case (eager runs it), not refused.
+    model = _small_vit()
     opt = anyshape.optimize(
         model, {"pixel_values": torch.randn(2, 3, 32, 32), "interpolate_pos_encoding": True}
     )
@@ -153,15 +158,7 @@ def test_a_call_a_variant_refuses_goes_on_to_a_variant_of_its_own():
     configured patch count: the variant compiled for a square call makes the image's two
     dims one. A later call of that patch count but not square fails the first graph's
     guard too, and the square variant's dims: it gets a variant of its own."""
-    cfg = transformers.ViTConfig(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        image_size=32,
-        patch_size=8,
-    )
-    vit = transformers.ViTModel(cfg, add_pooling_layer=False).eval()
+    vit = _small_vit()
 
     class Interpolated(torch.nn.Module):
         def __init__(self):

@@ -196,6 +196,13 @@ static const char* as_kernel_error(int code) {
        : "kernel error";
 }
 
+// GEMM p of a batch over two dims (outer, inner), an operand's matrices `o` apart along
+// the outer dim and `i` apart along the inner one (as_gemm_views, as_batch_sgemm).
+template <class T>
+AS_INLINE T* as_view(T* base, int64_t o, int64_t i, int64_t p, int64_t inner) {
+  return base + (p / inner) * o + (p % inner) * i;
+}
+
 #ifdef ANYSHAPE_DNNL
 // oneDNN (plugin mode, when installed): its sgemm for up to 8 rows runs near the GEMM peak
 // where OpenBLAS does not (BERT's shapes, 2 threads, B in cache: 8-row blocks at 145-215
@@ -241,15 +248,21 @@ static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int6
 // oneDNN's sgemm, which runs single-threaded inside the parallel loop. 180-220 GFLOP/s at
 // BERT's attention shapes where OpenBLAS's batched call reached 115-170 (docs/architecture.md).
 // False if any failed: the caller's OpenBLAS path then computes them all.
+// The batch spans two dims (outer, inner): see as_view (a packed batch is inner = batch
+// with strides m * k, k * n and m * n).
 static inline bool as_batch_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n,
-                                  int64_t k, const float* a, int64_t lda, const float* b,
-                                  int64_t ldb, float* c, int64_t batch) {
+                                  int64_t k, const float* a, int64_t lda, int64_t a_outer,
+                                  int64_t a_inner, const float* b, int64_t ldb,
+                                  int64_t b_outer, int64_t b_inner, float* c, int64_t ldc,
+                                  int64_t c_outer, int64_t c_inner, int64_t outer,
+                                  int64_t inner) {
   const char opa = ta == CblasTrans ? 'T' : 'N', opb = tb == CblasTrans ? 'T' : 'N';
   int failed = 0;
   #pragma omp parallel for schedule(static) reduction(|:failed)
-  for (int64_t p = 0; p < batch; ++p)
-    failed |= dnnl_sgemm(opa, opb, m, n, k, 1.0f, a + p * m * k, lda, b + p * k * n, ldb, 0.0f,
-                         c + p * m * n, n) != 0;
+  for (int64_t p = 0; p < outer * inner; ++p)
+    failed |= dnnl_sgemm(opa, opb, m, n, k, 1.0f, as_view(a, a_outer, a_inner, p, inner), lda,
+                         as_view(b, b_outer, b_inner, p, inner), ldb, 0.0f,
+                         as_view(c, c_outer, c_inner, p, inner), ldc) != 0;
   return !failed;
 }
 #endif
@@ -266,7 +279,9 @@ static inline void as_gemm_batch(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
     if (batch == 1 && ta == CblasNoTrans && as_small_sgemm_fits(m, n, k) &&
         as_small_sgemm(tb, m, n, k, a, lda, b, ldb, c))
       return;  // else (a oneDNN error) OpenBLAS computes it from scratch below
-    if (batch >= 2 * omp_get_max_threads() && as_batch_sgemm(ta, tb, m, n, k, a, lda, b, ldb, c, batch))
+    if (batch >= 2 * omp_get_max_threads() &&
+        as_batch_sgemm(ta, tb, m, n, k, a, lda, 0, m * k, b, ldb, 0, k * n, c, n, 0, m * n, 1,
+                       batch))
       return;
   }
 #endif
@@ -309,34 +324,26 @@ static inline void as_gemm_views(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
                                  int64_t c_inner, int64_t outer, int64_t inner) {
   const int64_t batch = outer * inner;
   if (batch == 0) return;
-#define AS_VIEW(base, o, i, p) ((base) + ((p) / inner) * (o) + ((p) % inner) * (i))
 #ifdef ANYSHAPE_DNNL
   if constexpr (as_same<T, float>::value) {
-    if (batch >= 2 * omp_get_max_threads()) {
-      const char opa = ta == CblasTrans ? 'T' : 'N', opb = tb == CblasTrans ? 'T' : 'N';
-      int failed = 0;
-      #pragma omp parallel for schedule(static) reduction(|:failed)
-      for (int64_t p = 0; p < batch; ++p)
-        failed |= dnnl_sgemm(opa, opb, m, n, k, 1.0f, AS_VIEW(a, a_outer, a_inner, p), lda,
-                             AS_VIEW(b, b_outer, b_inner, p), ldb, 0.0f,
-                             AS_VIEW(c, c_outer, c_inner, p), ldc) != 0;
-      if (!failed) return;
-    }
+    if (batch >= 2 * omp_get_max_threads() &&
+        as_batch_sgemm(ta, tb, m, n, k, a, lda, a_outer, a_inner, b, ldb, b_outer, b_inner, c,
+                       ldc, c_outer, c_inner, outer, inner))
+      return;
   }
 #endif
   for (int64_t p = 0; p < batch; ++p) {
     if constexpr (as_same<T, float>::value)
       scipy_cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, 1.0f,
-                        AS_VIEW(a, a_outer, a_inner, p), (blasint)lda,
-                        AS_VIEW(b, b_outer, b_inner, p), (blasint)ldb, 0.0f,
-                        AS_VIEW(c, c_outer, c_inner, p), (blasint)ldc);
+                        as_view(a, a_outer, a_inner, p, inner), (blasint)lda,
+                        as_view(b, b_outer, b_inner, p, inner), (blasint)ldb, 0.0f,
+                        as_view(c, c_outer, c_inner, p, inner), (blasint)ldc);
     else
       scipy_cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, 1.0,
-                        AS_VIEW(a, a_outer, a_inner, p), (blasint)lda,
-                        AS_VIEW(b, b_outer, b_inner, p), (blasint)ldb, 0.0,
-                        AS_VIEW(c, c_outer, c_inner, p), (blasint)ldc);
+                        as_view(a, a_outer, a_inner, p, inner), (blasint)lda,
+                        as_view(b, b_outer, b_inner, p, inner), (blasint)ldb, 0.0,
+                        as_view(c, c_outer, c_inner, p, inner), (blasint)ldc);
   }
-#undef AS_VIEW
 }
 
 // A convolution's GEMM (weights x columns, both untransposed, one image). With oneDNN

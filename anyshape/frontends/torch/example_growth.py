@@ -56,15 +56,12 @@ def serves(captured, args: tuple, kwargs: dict) -> bool:
 def _input_sizes(exported, args: tuple, kwargs: dict) -> dict[str, int] | None:
     """Each input symbol of ``exported`` bound to the example's size for it; None where
     the inputs do not line up or one symbol names two sizes."""
-    leaves, _ = pytree.tree_flatten((args, kwargs))
-    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
-    names = exported.graph_signature.user_inputs
-    if len(names) != len(leaves):
+    paired = _paired_inputs(exported, args, kwargs)
+    if paired is None:
         return None
     env: dict[str, int] = {}
-    for name, leaf in zip(names, leaves):
-        val = placeholders[name].meta.get("val") if name in placeholders else None
-        if not (isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor)):
+    for leaf, val in paired[0]:
+        if val is None:
             continue
         if leaf.dim() != val.dim():
             return None
@@ -78,18 +75,31 @@ def _input_sizes(exported, args: tuple, kwargs: dict) -> dict[str, int] | None:
 def grown_example(exported, args: tuple, kwargs: dict, symbols: set[str]):
     """``(args, kwargs)`` with every tensor dim whose size is one of ``symbols`` doubled,
     or None where none is (or the program's inputs do not line up with the example)."""
+    paired = _paired_inputs(exported, args, kwargs)
+    if paired is None:
+        return None
+    grown, changed = [], False
+    for leaf, val in paired[0]:
+        for d, size in enumerate(val.shape if val is not None else ()):
+            if isinstance(size, torch.SymInt) and str(size) in symbols:
+                leaf = torch.cat([leaf, leaf], dim=d)
+                changed = True
+        grown.append(leaf)
+    return pytree.tree_unflatten(grown, paired[1]) if changed else None
+
+
+def _paired_inputs(exported, args: tuple, kwargs: dict):
+    """The example's leaves, each with the fake tensor ``exported`` traced for it (None
+    where either is not a tensor), and the example's tree spec; None where the program's
+    inputs do not line up with the example."""
     leaves, spec = pytree.tree_flatten((args, kwargs))
     placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
     names = exported.graph_signature.user_inputs
     if len(names) != len(leaves):
         return None
-    grown, changed = [], False
+    pairs = []
     for name, leaf in zip(names, leaves):
         val = placeholders[name].meta.get("val") if name in placeholders else None
-        if isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor):
-            for d, size in enumerate(val.shape):
-                if isinstance(size, torch.SymInt) and str(size) in symbols:
-                    leaf = torch.cat([leaf, leaf], dim=d)
-                    changed = True
-        grown.append(leaf)
-    return pytree.tree_unflatten(grown, spec) if changed else None
+        tensors = isinstance(leaf, torch.Tensor) and isinstance(val, torch.Tensor)
+        pairs.append((leaf, val if tensors else None))
+    return pairs, spec
