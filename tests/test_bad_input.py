@@ -176,3 +176,32 @@ def test_a_call_a_variant_refuses_goes_on_to_a_variant_of_its_own():
         for hw in [(32, 32), (16, 64), (32, 32), (64, 16), (48, 40)]:
             x = torch.randn(1, 3, *hw)
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_an_empty_slice_of_a_derived_length_is_compiled_not_refused():
+    """``a[..., :-1] @ b``: torch derives ``a.shape[-1] == b.shape[0] + 1``, true for every
+    width of at least 1. At width 0 eager's slice is empty, b has no rows, and the product
+    is zeros: that call gets a variant of its own. Contradicting dims stay refused, at
+    once where no size is 0, and after eager refuses them too where one is."""
+
+    class ShiftedProduct(torch.nn.Module):
+        def forward(self, a, b):
+            return a[..., :-1] @ b
+
+    model = ShiftedProduct()
+    opt = anyshape.optimize(model, (torch.randn(3, 6), torch.randn(5, 4)))
+    for k in [6, 1, 2]:
+        a, b = torch.randn(3, k), torch.randn(k - 1, 4)
+        torch.testing.assert_close(opt(a, b), model(a, b))
+    recompiled = anyshape.stats()["guard_recompilations"]
+    a, b = torch.randn(3, 0), torch.randn(0, 4)
+    torch.testing.assert_close(opt(a, b), model(a, b))
+    assert anyshape.stats()["guard_recompilations"] == recompiled + 1
+    torch.testing.assert_close(opt(a, b), model(a, b))  # (the variant serves it again)
+    assert anyshape.stats()["guard_recompilations"] == recompiled + 1
+    with pytest.raises(anyshape.InputError, match="input 'a' dim 1: expected 8") as bad:
+        opt(torch.randn(3, 6), torch.randn(7, 4))
+    assert not bad.value.at_size_edge
+    with pytest.raises(anyshape.InputError, match="capturing the model again"):
+        opt(torch.randn(3, 0), torch.randn(5, 4))
+    assert anyshape.stats()["guard_recompilations"] == recompiled + 1

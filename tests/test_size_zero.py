@@ -119,6 +119,27 @@ def test_max_and_argmax_over_an_empty_dim_raise_like_eager():
                 opt(torch.randn(*shape))
 
 
+def test_pixel_unshuffle_of_an_empty_input_has_the_documented_shape():
+    """Eager's CPU kernel returns a zero-element input's own shape from pixel_unshuffle;
+    its documentation, its meta function and CUDA give [n, c * r * r, h / r, w / r]. The
+    compiled model gives the documented shape, and eager's values wherever there are any."""
+
+    class Unshuffle(torch.nn.Module):
+        def forward(self, x):
+            return F.pixel_unshuffle(x, 2) * 2
+
+    model = Unshuffle()
+    opt = anyshape.optimize(model, (torch.randn(1, 2, 4, 6),))
+    for shape in [(1, 2, 4, 6), (3, 1, 2, 2), (2, 5, 8, 4)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(opt(x), model(x))
+    for shape in [(0, 2, 4, 6), (1, 0, 4, 6), (1, 2, 0, 6), (1, 2, 4, 0)]:
+        documented = F.pixel_unshuffle(torch.empty(shape, device="meta"), 2).shape
+        assert opt(torch.randn(*shape)).shape == documented
+        n, c, h, w = shape
+        assert documented == (n, c * 4, h // 2, w // 2)
+
+
 def test_pool_and_conv_on_too_small_inputs_raise_like_eager():
     class Windows(torch.nn.Module):
         def __init__(self):

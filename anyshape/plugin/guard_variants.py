@@ -9,7 +9,10 @@ Every later call goes to the first graph whose guards hold. Each variant counts 
 ``anyshape.stats()`` (``compilations`` and ``guard_recompilations``) and is named in
 ``explain()``. Bad input (a wrong rank or dtype, dims that contradict each other)
 fails no guard: it stays an ``InputError``, and so does a call no capture accepts
-(then eager PyTorch refuses it too).
+(then eager PyTorch refuses it too). Dims that contradict a relation torch derived
+for sizes of at least 1, where a size of 0 takes part, count as a failed guard: a
+slice ``x[..., :-1]`` of a width-0 ``x`` is empty in eager, where the graph says
+``s - 1`` long.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ _GUARD_FAILURES = (
 
 
 def failed_guard(error: InputError) -> bool:
-    """Whether ``error`` says a call left the case the graph was compiled for."""
+    """Whether ``error`` says a call left the case the graph was compiled for: a guard,
+    or a relation between dims torch derived for sizes of at least 1 that a size of 0
+    breaks (``InputError.at_size_edge``; eager refuses the call if it is bad input, and
+    so does the capture of a variant)."""
+    if error.at_size_edge:
+        return True
     text = str(error)
     return text.startswith(_GUARD_FAILURES[0]) or any(f in text for f in _GUARD_FAILURES[1:])
 

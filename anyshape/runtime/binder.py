@@ -123,9 +123,13 @@ class ShapeBinder:
                 else:
                     src = ", ".join(f"{s} from {self._where(s)}" for s in sorted(dim.free_symbols))
                     why = f"= {format_expr(dim)}, with {src}"
-                raise InputError(
+                error = InputError(
                     f"input {specs[i].name!r} dim {d}: expected {want} ({why}), got {got}"
                 )
+                error.at_size_edge = not isinstance(dim, int) and (
+                    got == 0 or want < 0 or any(env[s] == 0 for s in dim.free_symbols)
+                )
+                raise error
         for sym, lo, hi in self.ranges:
             v = env[sym]
             if v < lo or (hi is not None and v > hi):
