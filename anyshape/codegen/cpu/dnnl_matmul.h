@@ -23,6 +23,7 @@ struct AsMatmulSite {
   int64_t scratch_bytes;
   bool made, broken;  // broken: oneDNN refused it, the caller's GEMM runs instead
   bool in_place;      // the primitive reads the weight as the model holds it: no copy
+  bool transposes;    // its packed layout is the [n, k] weight's panel transposed, row-major
 };
 
 #define AS_DNNL_RUNTIME_DIM INT64_MIN
@@ -104,6 +105,11 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
   as_dnnl_release(pd, attr, described, 3);
   if (ok) s->scratch_bytes = as_round64((int64_t)dnnl_memory_desc_get_size(s->scratch));
   if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed);
+  if (ok && s->transposed && !s->in_place) {
+    dnnl_memory_desc_t rows = as_rows_md(s->k, np);
+    s->transposes = rows && dnnl_memory_desc_equal(rows, s->packed);
+    if (rows) dnnl_memory_desc_destroy(rows);
+  }
   return ok;
 }
 
@@ -131,7 +137,8 @@ static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, floa
   const float* packed =
       s->broken     ? nullptr
       : s->in_place ? w
-                    : as_packed_weights(&s->weights, w, s->plain, s->packed, panels, step);
+                    : as_packed_weights(&s->weights, w, s->plain, s->packed, panels, step,
+                                        s->transposes ? np : 0, s->k);
   pthread_mutex_unlock(&s->weights.mu);
   if (!packed || (packed == w && !s->in_place)) return false;
   const int64_t next = s->in_place ? step : as_packed_panel_floats(s->packed);
