@@ -9,7 +9,9 @@ when something is off.
 - a model restored from the model cache lists the same parameters (the live
   ones), state_dict keys and graph_module as a cold compile;
 - the workspace of one call far above the recent ones goes back to the OS when
-  it ends (VmRSS), while steady-state calls keep theirs.
+  it ends (VmRSS), while steady-state calls keep theirs;
+- a weight that is not contiguous (a transposed view held as a parameter) and
+  changes in place is seen by the next call, cold and restored from the cache.
 """
 
 from __future__ import annotations
@@ -235,3 +237,34 @@ def test_gpt2_loss_compiles_whole_and_matches_eager():
         with torch.no_grad():
             torch.testing.assert_close(opt(ids), model(ids), rtol=1e-5, atol=1e-5)
     assert anyshape.stats()["compilations"] - before == 1
+
+
+@pytest.mark.parametrize("route", ["off", "always"])
+def test_a_non_contiguous_weight_changed_in_place_is_seen(tmp_path, route):
+    """The library holds a non-contiguous weight as a contiguous copy: an in-place change
+    (an optimizer step, ``mul_``) must reach that copy, and any packing made from it."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(37, 45)
+            self.lin.weight = torch.nn.Parameter(torch.randn(37, 45).t())  # strides (1, 45)
+            self.register_buffer("scale", torch.randn(45, 2)[:, 0])  # stride 2
+
+        def forward(self, x):
+            return self.lin(x) * self.scale
+
+    torch.manual_seed(0)
+    model = Scaled().eval()
+    x = torch.randn(8, 37)
+    for cached in (False, True):  # cold, then restored from the model cache
+        hits = anyshape.stats()["model_cache_hits"]
+        opt = anyshape.optimize(
+            model, (torch.randn(6, 37),), dnnl_matmul=route, cache_dir=str(tmp_path)
+        )
+        assert anyshape.stats()["model_cache_hits"] == hits + int(cached)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x), model(x))
+            model.lin.weight.mul_(-1.5)
+            model.scale.add_(1.0)
+            torch.testing.assert_close(opt(x), model(x))

@@ -52,6 +52,9 @@ class GuardVariants:
         self._facts = facts  # the first graph's report facts, which explain() prints
         self._lock = threading.Lock()
         self.variants: list = []
+        # Calls whose capture failed (bad input, which eager refuses too), by shape: the
+        # same call again is refused at once rather than captured again each time.
+        self._refused: dict[tuple, str] = {}
 
     def __call__(self, failure: InputError, args: tuple, kwargs: dict):
         """Run the first variant whose guards hold, compiling one if none does."""
@@ -63,17 +66,26 @@ class GuardVariants:
                 # refusing it is specialized elsewhere, e.g. a square image's two dims
                 # made one, so the call goes on to the next variant or a new one)
                 continue
+        key = _signature(args, kwargs)
+        refused = self._refused.get(key)
+        if refused is not None:
+            raise InputError(refused)
         with self._lock:
-            variant = self._compile(failure, args, kwargs)
+            variant = self._compile(failure, args, kwargs, key)
         return variant(*args, **kwargs)
 
-    def _compile(self, failure: InputError, args: tuple, kwargs: dict):
+    def _compile(self, failure: InputError, args: tuple, kwargs: dict, key: tuple):
         try:
             variant = self._compile_variant(args, kwargs)
         except AnyshapeError as e:
-            raise InputError(
-                f"{failure}; capturing the model again for these inputs failed too: {e}"
-            ) from e
+            # (at a size edge, the capture's first line: its hints on dynamic_shapes are for
+            # models that need them, not for inputs that contradict each other)
+            why = str(e).splitlines()[0] if failure.at_size_edge else e
+            message = f"{failure}; capturing the model again for these inputs failed too: {why}"
+            if len(self._refused) >= _REFUSALS_KEPT:
+                self._refused.pop(next(iter(self._refused)))
+            self._refused[key] = message
+            raise InputError(message) from e
         self.variants.append(variant)
         bump("guard_recompilations")
         condition = str(failure).split(" does not hold")[0].split(": expected")[0]
@@ -83,6 +95,21 @@ class GuardVariants:
             f"which fail {condition}"
         )
         return variant
+
+
+_REFUSALS_KEPT = 64  # calls remembered as refused (the oldest forgotten first)
+
+
+def _signature(args, kwargs) -> tuple:
+    """What a capture of this call depends on: each tensor's shape and dtype, each other
+    value's repr."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    return tuple(
+        (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
+        for v in pytree.tree_leaves((args, kwargs))
+    )
 
 
 def _tensors(args, kwargs) -> list:

@@ -9,7 +9,9 @@ a tensor's version counter on every in-place change; ``WeightsWatch`` compares
 the versions of the packed weights on each call (a few microseconds for
 ResNet-50's 17) and tells the libraries when one moved. A weight nobody watches
 (one the model does not name, a model compiled through ``torch.compile``) is
-packed on every call instead.
+packed on every call instead. A weight that is not contiguous (a transposed view
+held as a parameter) is a contiguous copy in the library: it is watched too, and
+copied again when it changes.
 """
 
 from __future__ import annotations
@@ -49,7 +51,10 @@ class WeightsWatch:
         libraries = []
         for cluster in clusters:
             native = getattr(cluster.compiled, "native", None)
-            names = getattr(native, "packed_params", None)
+            names = [
+                *(getattr(native, "packed_params", None) or ()),
+                *(getattr(native, "copied_params", None) or ()),
+            ]
             if not names:
                 continue
             for name in names:

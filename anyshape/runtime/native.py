@@ -102,6 +102,9 @@ class NativeGraph:
         self.output_slots = output_slots
         self.num_outputs = max(output_slots, default=-1) + 1
         self.out_dtypes = out_dtypes  # per slot
+        # A weight that is not contiguous (a transposed view) is held as a contiguous copy;
+        # refresh_copies() copies it again after the caller saw it change in place.
+        self._copied = {k: p for k, p in enumerate(params) if not p.flags.c_contiguous}
         self.params = [np.ascontiguousarray(p) for p in params]
         self.param_desc = (AsTensor * max(len(params), 1))()
         for k, p in enumerate(self.params):
@@ -178,6 +181,16 @@ class NativeGraph:
     def weights_changed(self) -> None:
         """Weights changed in place: packed copies are made again on their next use."""
         self.lib.anyshape_weights_changed()
+
+    @property
+    def copied_indices(self) -> list[int]:
+        """The indices of ``params`` held as contiguous copies of non-contiguous weights."""
+        return sorted(self._copied)
+
+    def refresh_copies(self) -> None:
+        """Copy the non-contiguous weights again (they changed in place)."""
+        for k, source in self._copied.items():
+            np.copyto(self.params[k], source)
 
     def set_profiling(self, on: bool) -> None:
         """Time every kernel call site from now on (``on``) or stop timing."""

@@ -72,21 +72,28 @@ class CpuExecutable:
         ]
         self.param_names = program.param_names
         self.packed_params = program.packed_params if self.native.packs_weights else []
+        # non-contiguous weights the library holds as copies (runtime/native.py)
+        self.copied_params = [self.param_names[k] for k in self.native.copied_indices]
         # C++ functions the calls run (kernel families share one: families.py)
         self.compiled_functions = program.source.count(f"\n{KERNEL_MARK}\n")
 
     def watch_weights(self) -> None:
-        """The caller watches ``packed_params`` for in-place changes (``weights_changed``)."""
-        self.native.watch_weights(self._packed_indices())
+        """The caller watches ``packed_params`` and ``copied_params`` for in-place changes
+        (``weights_changed``)."""
+        if self.packed_params:
+            self.native.watch_weights(self._packed_indices())
 
     def unwatch_weights(self) -> None:
-        self.native.unwatch_weights(self._packed_indices())
+        if self.packed_params:
+            self.native.unwatch_weights(self._packed_indices())
 
     def _packed_indices(self) -> list[int]:
         return [self.param_names.index(n) for n in self.packed_params]
 
     def weights_changed(self) -> None:
-        self.native.weights_changed()
+        self.native.refresh_copies()  # (before packing: a packed weight may be a copy)
+        if self.packed_params:
+            self.native.weights_changed()
 
     def set_profiling(self, on: bool) -> None:
         self.native.set_profiling(on)
