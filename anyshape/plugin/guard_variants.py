@@ -101,14 +101,14 @@ _REFUSALS_KEPT = 64  # calls remembered as refused (the oldest forgotten first)
 
 
 def _signature(args, kwargs) -> tuple:
-    """What a capture of this call depends on: each tensor's shape and dtype, each other
-    value's repr."""
+    """What a capture of this call depends on: the structure of the inputs (keyword names
+    included), each tensor's shape and dtype, each other value's repr."""
     import torch
     import torch.utils._pytree as pytree
 
-    return tuple(
-        (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v)
-        for v in pytree.tree_leaves((args, kwargs))
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    return (str(spec),) + tuple(
+        (tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) else repr(v) for v in leaves
     )
 
 

@@ -126,10 +126,8 @@ class ShapeBinder:
                 error = InputError(
                     f"input {specs[i].name!r} dim {d}: expected {want} ({why}), got {got}"
                 )
-                error.at_size_edge = (
-                    not isinstance(dim, int)
-                    and not dim.is_symbol  # (a dim equal to another is that in eager too)
-                    and (got == 0 or want < 0 or any(env[s] == 0 for s in dim.free_symbols))
+                error.at_size_edge = not isinstance(dim, int) and (
+                    got == 0 or want < 0 or any(env[s] == 0 for s in dim.free_symbols)
                 )
                 raise error
         for sym, lo, hi in self.ranges:
