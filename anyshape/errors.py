@@ -20,9 +20,10 @@ class AnyshapeError(Exception):
 class InputError(AnyshapeError, ValueError):
     """A compiled model was called with inputs that break its signature or constraints.
 
-    ``at_size_edge``: a dim broke a relation torch derived for sizes of at least 1 (a
-    slice ``x[..., :-1]`` is ``s - 1`` long, so another input's dim is ``s - 1``) where
-    a size of 0 takes part; eager clamps such a slice to 0, so the call may be valid.
+    ``at_size_edge``: a dim broke a relation torch derived between dims for sizes of at
+    least 1 (a slice ``x[..., :-1]`` is ``s - 1`` long, so another input's dim is
+    ``s - 1``; two dims added are one) where a size of 0 takes part. Eager may run such
+    a call (the slice clamped to 0, a size 1 broadcast against a 0).
     """
 
     at_size_edge = False

@@ -12,7 +12,8 @@ fails no guard: it stays an ``InputError``, and so does a call no capture accept
 (then eager PyTorch refuses it too). Dims that contradict a relation torch derived
 for sizes of at least 1, where a size of 0 takes part, count as a failed guard: a
 slice ``x[..., :-1]`` of a width-0 ``x`` is empty in eager, where the graph says
-``s - 1`` long.
+``s - 1`` long, and eager broadcasts a size 1 against a 0 where the graph made the
+two one symbol.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ class GuardVariants:
         self._facts = facts  # the first graph's report facts, which explain() prints
         self._lock = threading.Lock()
         self.variants: list = []
-        # Calls whose capture failed (bad input, which eager refuses too), by shape: the
-        # same call again is refused at once rather than captured again each time.
+        # Calls whose capture failed (bad input, which eager refuses too), by signature
+        # (_signature): the same call again is refused at once, not captured again.
         self._refused: dict[tuple, str] = {}
 
     def __call__(self, failure: InputError, args: tuple, kwargs: dict):
