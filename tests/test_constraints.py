@@ -280,6 +280,7 @@ FACTS = {
     "s0*s1 == 2*s2": lambda v: v["s0"] * v["s1"] == 2 * v["s2"],
     "s1 % 2": lambda v: v["s1"] % 2 == 0,
     "s0 // 2 == 1": lambda v: v["s0"] // 2 == 1,
+    "(s0 // 2)*(s1 // 2) == 2": lambda v: (v["s0"] // 2) * (v["s1"] // 2) == 2,
 }
 
 
@@ -294,6 +295,9 @@ def _record(store: ConstraintStore, fact: str) -> None:
         store.add_product_equal([S0, S1], [2, S2])
     elif fact == "s0 // 2 == 1":
         store.add_guard(Guard("eq", floordiv(S0, 2), SymExpr.const(1), "a checked guard"))
+    elif fact == "(s0 // 2)*(s1 // 2) == 2":
+        grid = floordiv(S0, 2) * floordiv(S1, 2)
+        store.add_guard(Guard("eq", grid, SymExpr.const(2), "a checked guard"))
     else:
         store.add_divisible("s1", 2)
 
@@ -432,6 +436,24 @@ def test_a_power_equated_to_a_constant_gives_its_root():
     cube = ConstraintStore()
     cube.add_equal(2 * grid * grid * grid, 54)  # 2 * g**3 == 54: g == 3
     assert cube.prove_eq(grid, 3)
+
+
+def test_a_product_of_two_sizes_equated_to_a_constant_holds_inside_other_terms():
+    """ViT's patch grid of a non-square image: torch guards ``floordiv(h, 8)*floordiv(w,
+    8) == 16``. The tokens, one more, are 17, in a batch of ``b`` 17*b rows: the graph
+    relies on no guard of its own for either."""
+    h, w, b = (SymExpr.symbol(n) for n in ("h", "w", "b"))
+    grid = floordiv(h, 8) * floordiv(w, 8)
+    store = ConstraintStore()
+    store.add_guard(Guard("eq", grid, SymExpr.const(16), "torch.export guard"))
+    assert store.prove_eq(grid + 1, 17)
+    assert store.prove_eq(32 * b * grid, 512 * b)
+    assert store.prove_eq(64 * b * grid + 64 * b, 1088 * b)
+    assert store.prove_eq(b * grid * floordiv(h, 8), 16 * b * floordiv(h, 8))
+    assert not store.prove_eq(floordiv(h, 8), 4)  # (2 x 8 or 4 x 4 or ...: no one factor)
+    twice = ConstraintStore()
+    twice.add_guard(Guard("eq", 2 * grid, SymExpr.const(7), "never holds"))
+    assert not twice.prove_eq(grid, 3) and not twice.prove_eq(grid, 4)
 
 
 def test_a_guard_dividing_by_a_size_of_0_does_not_hold():

@@ -122,7 +122,8 @@ def test_max_and_argmax_over_an_empty_dim_raise_like_eager():
 def test_pixel_unshuffle_of_an_empty_input_has_the_documented_shape():
     """Eager's CPU kernel returns a zero-element input's own shape from pixel_unshuffle;
     its documentation, its meta function and CUDA give [n, c * r * r, h / r, w / r]. The
-    compiled model gives the documented shape, and eager's values wherever there are any."""
+    compiled model gives the documented shape, and eager's values wherever there are any,
+    from its one compilation: small and empty sizes compile no guard variant."""
 
     class Unshuffle(torch.nn.Module):
         def forward(self, x):
@@ -130,6 +131,7 @@ def test_pixel_unshuffle_of_an_empty_input_has_the_documented_shape():
 
     model = Unshuffle()
     opt = anyshape.optimize(model, (torch.randn(1, 2, 4, 6),))
+    recompiled = anyshape.stats()["guard_recompilations"]
     for shape in [(1, 2, 4, 6), (3, 1, 2, 2), (2, 5, 8, 4)]:
         x = torch.randn(*shape)
         torch.testing.assert_close(opt(x), model(x))
@@ -138,6 +140,49 @@ def test_pixel_unshuffle_of_an_empty_input_has_the_documented_shape():
         assert opt(torch.randn(*shape)).shape == documented
         n, c, h, w = shape
         assert documented == (n, c * 4, h // 2, w // 2)
+    assert anyshape.stats()["guard_recompilations"] == recompiled
+
+
+def test_pixel_shuffle_over_sizes_and_ranks_compiles_once_and_checks_the_factor():
+    """``nn.PixelShuffle`` of a rank-5 input and ``F.pixel_unshuffle`` of a rank-3 one,
+    over sizes 0, 1 and more, match eager from one compilation each; a size the factor
+    does not divide is refused with eager's reason."""
+
+    class Shuffles(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.shuffle = torch.nn.PixelShuffle(2)
+
+        def forward(self, x, y):
+            return self.shuffle(x) + 1, F.pixel_unshuffle(y, 3) * 2
+
+    model = Shuffles()
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 8, 3, 5), torch.randn(2, 9, 6)))
+    before = anyshape.stats()
+    for xs, ys in [
+        ((1, 1, 4, 1, 1), (1, 3, 3)),
+        ((2, 2, 12, 7, 2), (3, 12, 0)),
+        ((0, 2, 4, 3, 3), (0, 6, 9)),
+        ((1, 0, 0, 1, 0), (4, 0, 3)),
+    ]:
+        x, y = torch.randn(*xs), torch.randn(*ys)
+        documented = model(x.to("meta"), y.to("meta"))  # (eager's CPU kernel: see above)
+        for got, want, shape in zip(opt(x, y), model(x, y), documented):
+            assert got.shape == shape.shape
+            if want.numel():
+                torch.testing.assert_close(got, want)
+    after = anyshape.stats()
+    assert after["compilations"] == before["compilations"]
+    assert after["guard_recompilations"] == before["guard_recompilations"]
+    for xs, ys, reason in [
+        ((1, 1, 6, 2, 2), (1, 3, 3), "divisible by the square of upscale_factor"),
+        ((1, 1, 4, 2, 2), (1, 4, 3), "divisible by downscale_factor"),
+    ]:
+        x, y = torch.randn(*xs), torch.randn(*ys)
+        with pytest.raises(RuntimeError, match=reason):
+            model(x, y)
+        with pytest.raises(anyshape.InputError, match=reason):
+            opt(x, y)
 
 
 def test_pool_and_conv_on_too_small_inputs_raise_like_eager():

@@ -25,7 +25,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from .symbolic import ZERO, SymExpr, as_expr, format_expr, shape_numel
+from .symbolic import ZERO, SymExpr, _divide_monomial, as_expr, format_expr, shape_numel
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,30 @@ class ConstraintStore:
             e = self._find(e.subs(mapping))
         if self._constant_compound_facts and e.has_compound:
             e = self._find(e.map_compounds(self._constant_of))
+            if len(e.terms) > 1:
+                e = self._find(self._monomials_as_constants(e))
         return e
+
+    def _monomials_as_constants(self, e: SymExpr) -> SymExpr:
+        """``e`` with each product a fact equates to a constant replaced by it, inside
+        larger products too (``floordiv(h, 8)*floordiv(w, 8) == 16``: ``32*n*that + 1``
+        is ``512*n + 1``)."""
+        facts = []
+        for key, value in self._constant_compound_facts:
+            if len(key.terms) == 1 and len(key.terms[0][0]) > 1:
+                (m, c), v = key.terms[0], value.constant_value
+                if v % c == 0:
+                    facts.append((m, v // c))
+        if not facts:
+            return e
+        terms: dict = {}
+        for m, c in e.terms:
+            for fm, fv in facts:
+                rest = _divide_monomial(m, fm)
+                if rest is not None:
+                    m, c = rest, c * fv
+            terms[m] = terms.get(m, 0) + c
+        return SymExpr(terms)
 
     def _constant_of(self, e: SymExpr) -> SymExpr:
         """``e``'s value where a fact equates it (its symbols as their representatives)

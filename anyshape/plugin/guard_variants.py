@@ -79,9 +79,9 @@ class GuardVariants:
         try:
             variant = self._compile_variant(args, kwargs)
         except AnyshapeError as e:
-            # (at a size edge, the capture's first line: its hints on dynamic_shapes are for
-            # models that need them, not for inputs that contradict each other)
-            why = str(e).splitlines()[0] if failure.at_size_edge else e
+            # (the capture's first line: the model captured once, so its hints on control
+            # flow and dynamic_shapes do not apply; what failed is eager's own check)
+            why = str(e).splitlines()[0]
             message = f"{failure}; capturing the model again for these inputs failed too: {why}"
             if len(self._refused) >= _REFUSALS_KEPT:
                 self._refused.pop(next(iter(self._refused)))

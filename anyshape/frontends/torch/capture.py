@@ -55,8 +55,13 @@ class Captured:
 # later), and torch 2.13's own decomposition of SDPA under symbolic sizes makes
 # fake strides that later views reject (GPT-2 fails to capture with it). The
 # upsampling ops (``aten/resample.py``): their decompositions under symbolic sizes
-# take seconds to trace (bicubic: 16 gathers and 34 clamps).
-KEEP_WHOLE = ("scaled_dot_product_attention.default",)
+# take seconds to trace (bicubic: 16 gathers and 34 clamps). Pixel (un)shuffle: traced
+# opaque (``traced_forms.py``), lowered as a reshape, a transpose and a reshape.
+KEEP_WHOLE = (
+    "scaled_dot_product_attention.default",
+    "pixel_shuffle.default",
+    "pixel_unshuffle.default",
+)
 
 
 def decomposition_table() -> dict:

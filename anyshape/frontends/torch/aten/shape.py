@@ -1,5 +1,5 @@
 """Lowering rules for ATen view and data-movement ops: view/reshape, permute, expand,
-squeeze/unsqueeze, slice/select/narrow, cat/split/unbind, pad, repeat.
+squeeze/unsqueeze, slice/select/narrow, cat/split/unbind, pad, repeat, pixel (un)shuffle.
 
 Part of the torch frontend's lowering table. Output shapes come from torch's
 metadata (``ctx.out_type()``), which already resolved -1 and symbolic sizes, so
@@ -203,3 +203,23 @@ def _repeat(ctx, x, repeats):
         dims.append(2 * i + 1)
     y = ctx.op("broadcast_in_dim", x, shape=tuple(inter), dims=tuple(dims))
     return ctx.reshape(y, out.shape)
+
+
+@lowering(aten.pixel_shuffle.default, aten.pixel_unshuffle.default)
+def _pixel_shuffle(ctx, x, factor):
+    """``[..., c*r*r, h, w] <-> [..., c, h*r, w*r]``: each factor-sized block of rows and
+    columns to or from channels, as a reshape, a transpose and a reshape (torch's own
+    decomposition, with the sizes of the node's metadata)."""
+    out = ctx.out_type()
+    k, r = x.rank - 3, factor
+    batch = list(x.shape[:k])
+    if ctx.node.target == aten.pixel_unshuffle.default:
+        c, (h, w) = x.shape[k], out.shape[-2:]
+        split = ctx.reshape(x, batch + [c, h, r, w, r])
+        perm = [k, k + 2, k + 4, k + 1, k + 3]
+    else:
+        c, (h, w) = out.shape[k], x.shape[-2:]
+        split = ctx.reshape(x, batch + [c, r, r, h, w])
+        perm = [k, k + 3, k + 1, k + 4, k + 2]
+    moved = ctx.transpose(split, list(range(k)) + perm)
+    return ctx.reshape(moved, out.shape)
