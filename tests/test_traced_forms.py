@@ -31,7 +31,9 @@ def _calls(graph) -> list:
         return ("node", where[a]) if isinstance(a, torch.fx.Node) else repr(a)
 
     return [
-        (str(n.target), [arg(a) for a in n.args]) for n in graph.nodes if n.op == "call_function"
+        (str(n.target), [arg(a) for a in n.args], {k: arg(v) for k, v in n.kwargs.items()})
+        for n in graph.nodes
+        if n.op == "call_function"
     ]
 
 
@@ -47,7 +49,7 @@ def test_eval_batch_norm_is_recorded_as_torch_records_it(affine):
         torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
     ours = _export(model, (x,), {}, dims)
     assert _calls(ours.graph) == _calls(torch_own.graph)
-    assert sum("batch_norm" in t for t, _ in _calls(ours.graph)) == 2
+    assert sum("batch_norm" in t for t, *_ in _calls(ours.graph)) == 2
     compiled = anyshape.optimize(model, (x,))
     for shape in [(1, 3, 1, 1), (3, 3, 16, 5), (0, 3, 4, 4)]:
         x = torch.randn(shape)
@@ -59,7 +61,7 @@ def test_training_batch_norm_is_traced_as_torch_traces_it():
     model = ConvNorm().train()
     x = torch.randn(4, 3, 6, 6)
     ep = _export(model, (x,), {}, None, grad=True)
-    assert not any("anyshape" in t for t, _ in _calls(ep.graph))
+    assert not any("anyshape" in t for t, *_ in _calls(ep.graph))
     assert model.bn.num_batches_tracked.item() == 0  # (a capture updates no statistics)
 
 
@@ -419,3 +421,84 @@ def test_upsampling_to_a_size_is_recorded_as_torch_records_it():
             model(torch.randn(1, 4, 3, 8), seq)
         with pytest.raises(Exception, match="greater than 0"):
             compiled(torch.randn(1, 4, 3, 8), seq)
+
+
+class Normalized(torch.nn.Module):
+    """Layer norms with and without an affine, over one and two dims, and both GELUs."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(6)
+        self.bare = torch.nn.LayerNorm([3, 6], elementwise_affine=False, eps=1e-3)
+        self.act = torch.nn.GELU()
+        self.tanh = torch.nn.GELU(approximate="tanh")
+
+    def forward(self, x):
+        y = self.act(self.norm(x))
+        return self.tanh(self.bare(y[:, :3] * 2)), torch.nn.functional.gelu(y - 1)
+
+
+def test_layer_norm_and_gelu_are_recorded_as_torch_records_them():
+    from anyshape.frontends.torch import opaque_ops
+
+    model = Normalized().eval()
+    x = torch.randn(2, 5, 6)
+    dims = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
+    with torch.no_grad():
+        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
+    seen = []
+    real = opaque_ops.layer_norm_opaque, opaque_ops.gelu_opaque
+
+    def counting(real):
+        def op(*args):
+            seen.append(real)
+            return real(*args)
+
+        return op
+
+    opaque_ops.layer_norm_opaque, opaque_ops.gelu_opaque = map(counting, real)
+    try:
+        ours = _export(model, (x,), {}, dims)
+    finally:
+        opaque_ops.layer_norm_opaque, opaque_ops.gelu_opaque = real
+    assert seen.count(real[0]) == 2 and seen.count(real[1]) == 3  # every call went opaque
+    assert _calls(ours.graph) == _calls(torch_own.graph)
+    compiled = anyshape.optimize(model, (x,))
+    for shape in [(1, 3, 6), (3, 9, 6), (0, 4, 6), (2, 3, 6)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            for got, want in zip(compiled(x), model(x)):
+                torch.testing.assert_close(got, want)
+
+
+def test_layer_norm_of_a_wrong_size_is_refused_as_eager_refuses_it():
+    """A layer norm over a dim that comes from the input: a call whose size disagrees
+    with the weight fails eager's check, with eager's reason."""
+
+    class OverLast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = torch.nn.LayerNorm(4)
+
+        def forward(self, x):
+            return self.norm(x.flatten(1))
+
+    model = OverLast().eval()
+    with torch.no_grad():
+        compiled = anyshape.optimize(model, (torch.randn(3, 2, 2),))
+        for shape in [(5, 4, 1), (1, 1, 4), (0, 2, 2)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), model(x))
+        x = torch.randn(2, 3, 2)
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            model(x)
+        with pytest.raises(anyshape.InputError, match="normalized_shape"):
+            compiled(x)
+
+
+def test_layer_norm_and_gelu_elsewhere_meanwhile_run_as_torch_runs_them():
+    from anyshape.frontends.torch.opaque_ops import opaque_gelu, opaque_layer_norm
+
+    norm = torch.nn.LayerNorm(5)
+    _elsewhere_and_with_autograd_torch_runs(opaque_layer_norm, norm, (2, 5))
+    _elsewhere_and_with_autograd_torch_runs(opaque_gelu, torch.nn.functional.gelu, (5,))

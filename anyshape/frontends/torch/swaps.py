@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import threading
 
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+
 _capturing = threading.local()  # .depth: {(id(owner), name): captures on this thread swapping it}
 _swap_lock = threading.Lock()
 _installed: dict[tuple[int, str], tuple[object, int]] = {}  # -> (torch's object, swaps)
@@ -25,6 +28,22 @@ _installed: dict[tuple[int, str], tuple[object, int]] = {}  # -> (torch's object
 def on_capturing_thread(owner, name: str) -> bool:
     """Whether this thread is inside a capture that swapped ``owner.<name>``."""
     return _depths().get((id(owner), name), 0) > 0
+
+
+def traced_here(owner, name: str) -> bool:
+    """Whether a call of ``owner.<name>`` on this thread takes a traced form: inside a
+    capture that swapped it, without autograd, and without autocast (whose casts an
+    opaque op would not make)."""
+    return (
+        on_capturing_thread(owner, name)
+        and not torch.is_grad_enabled()
+        and not torch._C._is_any_autocast_enabled()
+    )
+
+
+# Tensors a capture traces (the fake tensors of inputs and parameters); a subclass of the
+# user's keeps torch's function.
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, FakeTensor)
 
 
 def _depths() -> dict[tuple[int, str], int]:

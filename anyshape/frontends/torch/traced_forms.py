@@ -31,12 +31,7 @@ Part of capture (``capture.py``), around ``torch.export``:
   whole: ViT's position-embedding interpolation was about 0.4 s of its 0.9 s capture.
   The fake keeps torch's checks (sizes over 0: the same guards). Restored to the
   ``.vec`` op torch records.
-- ``opaque_pixel_shuffle``: ``F.pixel_shuffle`` and ``F.pixel_unshuffle`` as one opaque
-  op each, whose fake checks only what eager checks (the factor divides the sizes).
-  torch's meta functions bound the sizes by the example's (``h >= 4`` for a factor of
-  2) and write the factor as ``h // (h // 2)``: each small or empty image size a call
-  later sent was a guard variant. Restored to ``aten.pixel_shuffle``/``pixel_unshuffle``,
-  which ``aten/shape.py`` lowers whole.
+- ``opaque_ops.py``: layer norm, GELU and pixel (un)shuffle, the same way.
 
 ``F.linear`` is C++, so the swapped function follows the protocol of torch's Python
 functions (``handle_torch_function`` while export's function modes are on): the modes
@@ -54,17 +49,17 @@ import functools
 
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from .swaps import on_capturing_thread, swapped
+from .opaque_ops import OPAQUE_FORMS, OPAQUE_RESTORE
+from .swaps import PLAIN_TENSORS as _PLAIN_TENSORS
+from .swaps import on_capturing_thread, swapped, traced_here
 
 __all__ = [
     "max_pool1d_as_2d",
     "opaque_batch_norm",
     "opaque_dropout",
     "opaque_linear",
-    "opaque_pixel_shuffle",
     "opaque_relu",
     "opaque_upsample",
     "restore_traced_forms",
@@ -176,35 +171,6 @@ def _(x, size, mode, align_corners):
 _UPSAMPLE_OPAQUE = torch.ops.anyshape.upsample_opaque.default
 
 
-@torch.library.custom_op("anyshape::pixel_shuffle_opaque", mutates_args=())
-def pixel_shuffle_opaque(x: torch.Tensor, factor: int, inverse: bool) -> torch.Tensor:
-    return (torch.pixel_unshuffle if inverse else torch.pixel_shuffle)(x, factor)
-
-
-@pixel_shuffle_opaque.register_fake
-def _(x, factor, inverse):
-    *batch, c, h, w = x.shape
-    # (eager's checks, with its messages: a guard on the sizes, nothing more)
-    if inverse:
-        torch._check(
-            h % factor == 0 and w % factor == 0,
-            lambda: (
-                f"pixel_unshuffle expects height {h} and width {w} to be divisible "
-                f"by downscale_factor {factor}"
-            ),
-        )
-        return x.new_empty((*batch, c * factor * factor, h // factor, w // factor))
-    torch._check(
-        c % (factor * factor) == 0,
-        lambda: (
-            f"pixel_shuffle expects its input's 'channel' dimension {c} to be divisible "
-            f"by the square of upscale_factor {factor}"
-        ),
-    )
-    return x.new_empty((*batch, c // (factor * factor), h * factor, w * factor))
-
-
-_PIXEL_SHUFFLE_OPAQUE = torch.ops.anyshape.pixel_shuffle_opaque.default
 _UPSAMPLE_VEC = {
     "nearest": torch.ops.aten.upsample_nearest2d.vec,
     "bilinear": torch.ops.aten.upsample_bilinear2d.vec,
@@ -212,20 +178,9 @@ _UPSAMPLE_VEC = {
 }
 
 
-# Tensors a capture traces (the fake tensors of inputs and parameters); a subclass of the
-# user's keeps torch's function.
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter, FakeTensor)
-
-
 def _traced_here(name: str) -> bool:
-    """Whether a call of ``F.<name>`` on this thread takes its traced form: inside a
-    capture that swapped it, without autograd, and without autocast (whose casts the
-    opaque ops would not make)."""
-    return (
-        on_capturing_thread(F, name)
-        and not torch.is_grad_enabled()
-        and not torch._C._is_any_autocast_enabled()
-    )
+    """Whether a call of ``F.<name>`` on this thread takes its traced form (``traced_here``)."""
+    return traced_here(F, name)
 
 
 def _swapped(name: str, make):
@@ -241,7 +196,7 @@ def traced_forms(opaque: bool = True):
     forms = [max_pool1d_as_2d]
     if opaque:
         forms += [opaque_batch_norm, opaque_relu, opaque_linear, opaque_dropout, opaque_upsample,
-                  opaque_pixel_shuffle]  # fmt: skip
+                  *OPAQUE_FORMS]  # fmt: skip
     with contextlib.ExitStack() as stack:
         for form in forms:
             stack.enter_context(form())
@@ -371,38 +326,6 @@ def opaque_upsample():
     return _swapped("interpolate", make)
 
 
-@contextlib.contextmanager
-def opaque_pixel_shuffle():
-    """``F.pixel_shuffle`` and ``F.pixel_unshuffle`` of a tensor of rank 3 or more by a
-    positive factor as ``anyshape::pixel_shuffle_opaque`` while the body runs, on
-    capturing threads, without autograd (anything else as torch traces it)."""
-
-    def make(name: str, inverse: bool):
-        def form(original):
-            def shuffle(input, factor):
-                if not _traced_here(name):
-                    return original(input, factor)
-                if torch.overrides.has_torch_function_unary(input):  # (as opaque_linear)
-                    return torch.overrides.handle_torch_function(shuffle, (input,), input, factor)
-                plain = (
-                    type(input) in _PLAIN_TENSORS
-                    and input.dim() >= 3
-                    and type(factor) is int
-                    and factor > 0
-                )
-                if not plain:
-                    return original(input, factor)
-                return pixel_shuffle_opaque(input, factor, inverse)
-
-            return shuffle
-
-        return form
-
-    with _swapped("pixel_shuffle", make("pixel_shuffle", False)):
-        with _swapped("pixel_unshuffle", make("pixel_unshuffle", True)):
-            yield
-
-
 def opaque_batch_norm():
     """``F.batch_norm`` in eval mode with running statistics as ``anyshape::batch_norm_eval``
     while the body runs, on capturing threads, without autograd (anything else as torch
@@ -439,14 +362,15 @@ def opaque_batch_norm():
 def restore_traced_forms(ep) -> None:
     """Each opaque op of ``ep``'s graphs (its subgraphs too: a higher-order op's body) as
     the node torch records for the call: ``aten.batch_norm``, ``aten.relu``,
-    ``aten.linear``, ``aten.dropout``, an upsampling's ``.vec``, a pixel (un)shuffle (its metadata kept, less the argument values
+    ``aten.linear``, ``aten.dropout``, an upsampling's ``.vec``, ``opaque_ops``' ops (its metadata kept, less the argument values
     recorded in the opaque op's layout; the graph's Python is generated where it runs,
     ``capture_program``)."""
     for module in ep.graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
             for n in module.graph.nodes:
                 if n.op == "call_function" and n.target in _RESTORE:
-                    n.target, n.args = _RESTORE[n.target](*n.args)
+                    n.target, n.args, *kwargs = _RESTORE[n.target](*n.args)
+                    n.kwargs = kwargs[0] if kwargs else {}
                     n.meta.pop("eager_input_vals", None)
 
 
@@ -459,16 +383,14 @@ def _batch_norm_node(x, weight, bias, mean, var, momentum, eps, cudnn):
                                                 eps, cudnn)  # fmt: skip
 
 
-# Opaque op -> (torch's op, its arguments) from the opaque op's arguments.
+# Opaque op -> (torch's op, its arguments[, keyword arguments]) from the opaque op's
+# arguments.
 _RESTORE = {
+    **OPAQUE_RESTORE,
     _LINEAR_OPAQUE: _linear_node,
     _DROPOUT_EVAL: lambda x, p: (torch.ops.aten.dropout.default, (x, p, False)),
     _RELU_OPAQUE: lambda x: (torch.ops.aten.relu.default, (x,)),
     _BATCH_NORM_EVAL: _batch_norm_node,
-    _PIXEL_SHUFFLE_OPAQUE: lambda x, factor, inverse: (
-        torch.ops.aten.pixel_unshuffle.default if inverse else torch.ops.aten.pixel_shuffle.default,
-        (x, factor),
-    ),
     _UPSAMPLE_OPAQUE: lambda x, size, mode, align_corners: (
         _UPSAMPLE_VEC[mode],
         (x, size, None) if mode == "nearest" else (x, size, align_corners, None),
