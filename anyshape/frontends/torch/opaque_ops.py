@@ -183,11 +183,11 @@ def opaque_pixel_shuffle():
 
     def make(name: str, inverse: bool):
         def form(original):
-            def shuffle(input, factor):
-                if not traced_here(F, name):
-                    return original(input, factor)
+            def traced(input, factor):
                 if torch.overrides.has_torch_function_unary(input):  # (as opaque_linear)
-                    return torch.overrides.handle_torch_function(shuffle, (input,), input, factor)
+                    return torch.overrides.handle_torch_function(
+                        shuffle if inverse else upscale, (input,), input, factor
+                    )
                 plain = (
                     type(input) in PLAIN_TENSORS
                     and input.dim() >= 3
@@ -198,7 +198,18 @@ def opaque_pixel_shuffle():
                     return original(input, factor)
                 return pixel_shuffle_opaque(input, factor, inverse)
 
-            return shuffle
+            # (torch's parameter names, which a caller may pass by keyword)
+            def upscale(input, upscale_factor):
+                if not traced_here(F, name):
+                    return original(input, upscale_factor)
+                return traced(input, upscale_factor)
+
+            def shuffle(input, downscale_factor):
+                if not traced_here(F, name):
+                    return original(input, downscale_factor)
+                return traced(input, downscale_factor)
+
+            return shuffle if inverse else upscale
 
         return form
 
