@@ -154,8 +154,8 @@ def test_pixel_shuffle_over_sizes_and_ranks_compiles_once_and_checks_the_factor(
             self.shuffle = torch.nn.PixelShuffle(2)
 
         def forward(self, x, y):
-            # (by keyword: torch's parameter name)
-            return self.shuffle(x) + 1, F.pixel_unshuffle(y, downscale_factor=3) * 2
+            # (torch's own function, by keyword: torch's parameter name)
+            return self.shuffle(x) + 1, torch.pixel_unshuffle(y, downscale_factor=3) * 2
 
     model = Shuffles()
     opt = anyshape.optimize(model, (torch.randn(2, 3, 8, 3, 5), torch.randn(2, 9, 6)))

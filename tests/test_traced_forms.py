@@ -502,3 +502,60 @@ def test_layer_norm_and_gelu_elsewhere_meanwhile_run_as_torch_runs_them():
     norm = torch.nn.LayerNorm(5)
     _elsewhere_and_with_autograd_torch_runs(opaque_layer_norm, norm, (2, 5))
     _elsewhere_and_with_autograd_torch_runs(opaque_gelu, torch.nn.functional.gelu, (5,))
+
+
+def test_the_traced_forms_take_and_refuse_the_arguments_eager_does():
+    """Keyword factors of pixel (un)shuffle compile once; a positional GELU approximation,
+    an int or empty normalized shape raise eager's error from the capture too."""
+    import torch.nn.functional as F
+
+    class ByKeyword(torch.nn.Module):
+        def forward(self, x):
+            y = F.pixel_shuffle(x, upscale_factor=2)
+            return F.pixel_unshuffle(y, downscale_factor=2) + F.gelu(x, approximate="tanh")
+
+    model = ByKeyword()
+    before = anyshape.stats()["compilations"]
+    compiled = anyshape.optimize(model, (torch.randn(2, 8, 3, 5),))
+    for shape in [(1, 4, 1, 1), (3, 12, 2, 4)]:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+    assert anyshape.stats()["compilations"] == before + 1
+    x = torch.randn(2, 3, 6)
+    for call, error, reason in [
+        (lambda t: F.gelu(t, "tanh"), TypeError, "positional argument"),
+        (lambda t: F.layer_norm(t, 6), TypeError, "must be tuple of ints"),
+        (lambda t: F.layer_norm(t, []), RuntimeError, "at least 1-dimensional"),
+    ]:
+
+        class Bad(torch.nn.Module):
+            def forward(self, t, call=call):
+                return call(t)
+
+        with pytest.raises(error, match=reason):
+            Bad()(x)
+        with pytest.raises(Exception, match=reason):
+            anyshape.optimize(Bad(), (x,), model_cache=False)
+
+
+def test_a_strided_or_channels_last_input_keeps_the_strides_a_later_view_sees():
+    """GELU of a transposed tensor and pixel shuffle of a channels-last one give eager
+    strided outputs, whose ``.view`` eager refuses: so does the capture (torch's own
+    trace of both ops there)."""
+    import torch.nn.functional as F
+
+    class GeluView(torch.nn.Module):
+        def forward(self, x):
+            return F.gelu(x.transpose(1, 2)).view(x.shape[0], -1)
+
+    class ShuffleView(torch.nn.Module):
+        def forward(self, x):
+            return F.pixel_shuffle(x, 2).view(x.shape[0], -1)
+
+    channels_last = torch.randn(2, 8, 3, 5).contiguous(memory_format=torch.channels_last)
+    for model, x in [(GeluView(), torch.randn(2, 5, 6)), (ShuffleView(), channels_last)]:
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            model(x)
+        with pytest.raises(RuntimeError, match="view size is not compatible"):
+            anyshape.optimize(model, (x,), model_cache=False)

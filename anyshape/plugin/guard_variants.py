@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from ..errors import AnyshapeError, InputError
+from ..errors import AnyshapeError, CaptureError, InputError, first_line
 from ..stats import bump
 
 # What the prologue says when a call fails a condition of the graph rather than of the
@@ -79,9 +79,9 @@ class GuardVariants:
         try:
             variant = self._compile_variant(args, kwargs)
         except AnyshapeError as e:
-            # (the capture's first line: the model captured once, so its hints on control
+            # (a capture's first line: the model captured once, so its hints on control
             # flow and dynamic_shapes do not apply; what failed is eager's own check)
-            why = str(e).splitlines()[0]
+            why = first_line(e) if isinstance(e, CaptureError) else e
             message = f"{failure}; capturing the model again for these inputs failed too: {why}"
             if len(self._refused) >= _REFUSALS_KEPT:
                 self._refused.pop(next(iter(self._refused)))

@@ -6,12 +6,16 @@ by running its Python reference or meta function on fake tensors, whose symbolic
 arithmetic costs more than the rest of the trace where sizes come out of convolutions
 and views (SegFormer-B0's image sizes: each layer norm 28 ms, each GELU of wav2vec
 2.0's frames 36 ms, against under 1 ms for an opaque op). Each fake checks only what
-eager checks, so the capture records the same guards:
+eager checks, so the capture records the same guards. Their outputs are contiguous, as
+eager's are for the inputs that take these forms (any input for layer norm, a contiguous
+one for the others: a strided or channels-last input keeps torch's own trace, whose
+output strides a later view may depend on):
 
 - ``opaque_layer_norm``: ``F.layer_norm`` with weight and bias of the input's dtype or
   none, shaped like its input; restored to ``aten.layer_norm``.
 - ``opaque_gelu``: ``F.gelu``, shaped like its input; restored to ``aten.gelu``.
-- ``opaque_pixel_shuffle``: ``F.pixel_shuffle`` and ``F.pixel_unshuffle``. torch's meta
+- ``opaque_pixel_shuffle``: ``F.pixel_shuffle`` and ``F.pixel_unshuffle`` (the same
+  functions as ``torch.pixel_shuffle`` and ``torch.pixel_unshuffle``). torch's meta
   functions also bound the sizes by the example's (``h >= 4`` for a factor of 2) and
   write the factor as ``h // (h // 2)``: each small or empty image size a call later
   sent was a guard variant. Restored to ``aten.pixel_shuffle``/``pixel_unshuffle``,
@@ -24,6 +28,7 @@ import contextlib
 
 import torch
 import torch.nn.functional as F
+from torch._prims_common import is_contiguous_or_false
 
 from .swaps import PLAIN_TENSORS, swapped, traced_here
 
@@ -92,13 +97,11 @@ def opaque_layer_norm():
                 return torch.overrides.handle_torch_function(
                     layer_norm, (input, weight, bias), *args
                 )  # (as opaque_linear in traced_forms.py)
-            shape = (
-                [normalized_shape]
-                if isinstance(normalized_shape, (int, torch.SymInt))
-                else list(normalized_shape)
-            )
+            shape = normalized_shape
             plain = (
-                type(input) in PLAIN_TENSORS
+                isinstance(shape, (list, tuple))  # (an int: torch's TypeError)
+                and len(shape) > 0  # (torch's error)
+                and type(input) in PLAIN_TENSORS
                 and input.dtype.is_floating_point
                 and all(isinstance(d, (int, torch.SymInt)) for d in shape)
                 and isinstance(eps, (int, float))
@@ -111,7 +114,7 @@ def opaque_layer_norm():
             if not plain:
                 return original(*args)
             cudnn = torch.backends.cudnn.enabled  # (what torch records: off while exporting)
-            return layer_norm_opaque(input, shape, weight, bias, float(eps), cudnn)
+            return layer_norm_opaque(input, list(shape), weight, bias, float(eps), cudnn)
 
         return layer_norm
 
@@ -123,7 +126,7 @@ def opaque_gelu():
     capturing threads, without autograd (anything else as torch traces it)."""
 
     def make(original):
-        def gelu(input, approximate="none"):
+        def gelu(input, *, approximate="none"):
             if not traced_here(F, "gelu"):
                 return original(input, approximate=approximate)
             if torch.overrides.has_torch_function_unary(input):  # (as opaque_linear)
@@ -134,6 +137,7 @@ def opaque_gelu():
                 type(input) in PLAIN_TENSORS
                 and input.dtype.is_floating_point
                 and approximate in ("none", "tanh")
+                and is_contiguous_or_false(input)  # (else eager's output keeps its strides)
             )
             if not plain:
                 return original(input, approximate=approximate)
@@ -177,11 +181,12 @@ _PIXEL_SHUFFLE_OPAQUE = torch.ops.anyshape.pixel_shuffle_opaque.default
 
 @contextlib.contextmanager
 def opaque_pixel_shuffle():
-    """``F.pixel_shuffle`` and ``F.pixel_unshuffle`` of a tensor of rank 3 or more by a
-    positive factor as ``anyshape::pixel_shuffle_opaque`` while the body runs, on
-    capturing threads, without autograd (anything else as torch traces it)."""
+    """``F.pixel_shuffle`` and ``F.pixel_unshuffle`` (and ``torch.``'s, the same
+    functions) of a contiguous tensor of rank 3 or more by a positive factor as
+    ``anyshape::pixel_shuffle_opaque`` while the body runs, on capturing threads, without
+    autograd (anything else as torch traces it)."""
 
-    def make(name: str, inverse: bool):
+    def make(owner, name: str, inverse: bool):
         def form(original):
             def traced(input, factor):
                 if torch.overrides.has_torch_function_unary(input):  # (as opaque_linear)
@@ -193,6 +198,7 @@ def opaque_pixel_shuffle():
                     and input.dim() >= 3
                     and type(factor) is int
                     and factor > 0
+                    and is_contiguous_or_false(input)  # (channels-last: eager's output too)
                 )
                 if not plain:
                     return original(input, factor)
@@ -200,12 +206,12 @@ def opaque_pixel_shuffle():
 
             # (torch's parameter names, which a caller may pass by keyword)
             def upscale(input, upscale_factor):
-                if not traced_here(F, name):
+                if not traced_here(owner, name):
                     return original(input, upscale_factor)
                 return traced(input, upscale_factor)
 
             def shuffle(input, downscale_factor):
-                if not traced_here(F, name):
+                if not traced_here(owner, name):
                     return original(input, downscale_factor)
                 return traced(input, downscale_factor)
 
@@ -213,9 +219,11 @@ def opaque_pixel_shuffle():
 
         return form
 
-    with swapped(F, "pixel_shuffle", make("pixel_shuffle", False)):
-        with swapped(F, "pixel_unshuffle", make("pixel_unshuffle", True)):
-            yield
+    with contextlib.ExitStack() as stack:
+        for owner in (F, torch):
+            for name, inverse in (("pixel_shuffle", False), ("pixel_unshuffle", True)):
+                stack.enter_context(swapped(owner, name, make(owner, name, inverse)))
+        yield
 
 
 OPAQUE_FORMS = (opaque_layer_norm, opaque_gelu, opaque_pixel_shuffle)
