@@ -212,37 +212,50 @@ class Projections(torch.nn.Module):
         return torch.nn.functional.linear(y, self.b.weight[:, :3]), self.drop(y)
 
 
+def _recorded_through(module, names: tuple, model, x, dims) -> list[int]:
+    """Capture ``model`` with each opaque op ``module.<name>`` counting its calls: the graph
+    must be the one torch.export records for the model; returns each op's call count."""
+    with torch.no_grad():
+        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
+    real = [getattr(module, name) for name in names]
+    seen = []
+
+    def counting(op):
+        def counted(*args):
+            seen.append(op)
+            return op(*args)
+
+        return counted
+
+    for name, op in zip(names, real):
+        setattr(module, name, counting(op))
+    try:
+        ours = _export(model, (x,), {}, dims)
+    finally:
+        for name, op in zip(names, real):
+            setattr(module, name, op)
+    assert _calls(ours.graph) == _calls(torch_own.graph)
+    return [seen.count(op) for op in real]
+
+
+def _compiled_matches_eager(model, x, shapes) -> None:
+    compiled = anyshape.optimize(model, (x,))
+    for shape in shapes:
+        x = torch.randn(shape)
+        with torch.no_grad():
+            for got, want in zip(compiled(x), model(x)):
+                torch.testing.assert_close(got, want)
+
+
 def test_linear_and_dropout_are_recorded_as_torch_records_them():
     from anyshape.frontends.torch import traced_forms
 
     model = Projections().eval()
     x = torch.randn(2, 7, 6)
     dims = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
-    with torch.no_grad():
-        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
-    seen = []
-    real = traced_forms.linear_opaque, traced_forms.dropout_eval
-
-    def counting(real):
-        def op(*args):
-            seen.append(real)
-            return real(*args)
-
-        return op
-
-    traced_forms.linear_opaque, traced_forms.dropout_eval = map(counting, real)
-    try:
-        ours = _export(model, (x,), {}, dims)
-    finally:
-        traced_forms.linear_opaque, traced_forms.dropout_eval = real
-    assert seen.count(real[0]) == 3 and seen.count(real[1]) == 3  # every call went opaque
-    assert _calls(ours.graph) == _calls(torch_own.graph)
-    compiled = anyshape.optimize(model, (x,))
-    for shape in [(1, 1, 6), (3, 9, 6), (0, 4, 6), (2, 0, 6)]:
-        x = torch.randn(shape)
-        with torch.no_grad():
-            for got, want in zip(compiled(x), model(x)):
-                torch.testing.assert_close(got, want)
+    names = ("linear_opaque", "dropout_eval")
+    assert _recorded_through(traced_forms, names, model, x, dims) == [3, 3]  # every call
+    _compiled_matches_eager(model, x, [(1, 1, 6), (3, 9, 6), (0, 4, 6), (2, 0, 6)])
 
 
 class OnlyDropout(torch.nn.Module):
@@ -444,31 +457,9 @@ def test_layer_norm_and_gelu_are_recorded_as_torch_records_them():
     model = Normalized().eval()
     x = torch.randn(2, 5, 6)
     dims = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
-    with torch.no_grad():
-        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
-    seen = []
-    real = opaque_ops.layer_norm_opaque, opaque_ops.gelu_opaque
-
-    def counting(real):
-        def op(*args):
-            seen.append(real)
-            return real(*args)
-
-        return op
-
-    opaque_ops.layer_norm_opaque, opaque_ops.gelu_opaque = map(counting, real)
-    try:
-        ours = _export(model, (x,), {}, dims)
-    finally:
-        opaque_ops.layer_norm_opaque, opaque_ops.gelu_opaque = real
-    assert seen.count(real[0]) == 2 and seen.count(real[1]) == 3  # every call went opaque
-    assert _calls(ours.graph) == _calls(torch_own.graph)
-    compiled = anyshape.optimize(model, (x,))
-    for shape in [(1, 3, 6), (3, 9, 6), (0, 4, 6), (2, 3, 6)]:
-        x = torch.randn(shape)
-        with torch.no_grad():
-            for got, want in zip(compiled(x), model(x)):
-                torch.testing.assert_close(got, want)
+    names = ("layer_norm_opaque", "gelu_opaque")
+    assert _recorded_through(opaque_ops, names, model, x, dims) == [2, 3]  # every call
+    _compiled_matches_eager(model, x, [(1, 3, 6), (3, 9, 6), (0, 4, 6), (2, 3, 6)])
 
 
 def test_layer_norm_of_a_wrong_size_is_refused_as_eager_refuses_it():
