@@ -56,7 +56,7 @@ class Captured:
 # fake strides that later views reject (GPT-2 fails to capture with it). The
 # upsampling ops (``aten/resample.py``): their decompositions under symbolic sizes
 # take seconds to trace (bicubic: 16 gathers and 34 clamps). Pixel (un)shuffle: traced
-# opaque (``traced_forms.py``), lowered as a reshape, a transpose and a reshape.
+# opaque (``opaque_ops.py``), lowered as a reshape, a transpose and a reshape.
 KEEP_WHOLE = (
     "scaled_dot_product_attention.default",
     "pixel_shuffle.default",

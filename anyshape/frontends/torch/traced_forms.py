@@ -362,9 +362,9 @@ def opaque_batch_norm():
 def restore_traced_forms(ep) -> None:
     """Each opaque op of ``ep``'s graphs (its subgraphs too: a higher-order op's body) as
     the node torch records for the call: ``aten.batch_norm``, ``aten.relu``,
-    ``aten.linear``, ``aten.dropout``, an upsampling's ``.vec``, ``opaque_ops``' ops (its metadata kept, less the argument values
-    recorded in the opaque op's layout; the graph's Python is generated where it runs,
-    ``capture_program``)."""
+    ``aten.linear``, ``aten.dropout``, an upsampling's ``.vec``, ``opaque_ops``' ops
+    (its metadata kept, less the argument values recorded in the opaque op's layout; the
+    graph's Python is generated where it runs, ``capture_program``)."""
     for module in ep.graph_module.modules():
         if isinstance(module, torch.fx.GraphModule):
             for n in module.graph.nodes:
