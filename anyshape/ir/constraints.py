@@ -66,6 +66,8 @@ class ConstraintStore:
         self.hints: dict[str, int] = {}
         # (compound term, constant) for each compound term equated to a constant
         self._constant_compound_facts: list[tuple[SymExpr, SymExpr]] = []
+        # (product of atoms, its value) for each such fact a product of two or more is
+        self._product_facts: list[tuple[tuple, int]] = []
 
     # --- recording facts ---------------------------------------------------
     def add_symbol(self, name: str, lo: int = 0, hi: int | None = None, hint: int | None = None):
@@ -100,6 +102,10 @@ class ConstraintStore:
         self._parent.setdefault(keep, keep)
         if keep.is_constant and drop.has_compound:
             self._constant_compound_facts.append((drop, keep))
+            if len(drop.terms) == 1 and len(drop.terms[0][0]) > 1:
+                (m, c), v = drop.terms[0], keep.constant_value
+                if v % c == 0:  # (c*m == v: m == v / c)
+                    self._product_facts.append((m, v // c))
             offset = drop.constant_term
             if offset and len(drop.terms) == 2:  # (floordiv(s, 5) - 1 == 1: floordiv(s, 5) == 2)
                 self.add_equal(drop - offset, keep.constant_value - offset)
@@ -138,7 +144,7 @@ class ConstraintStore:
             e = self._find(e.subs(mapping))
         if self._constant_compound_facts and e.has_compound:
             e = self._find(e.map_compounds(self._constant_of))
-            if len(e.terms) > 1:
+            if self._product_facts and len(e.terms) > 1:
                 e = self._find(self._monomials_as_constants(e))
         return e
 
@@ -146,17 +152,9 @@ class ConstraintStore:
         """``e`` with each product a fact equates to a constant replaced by it, inside
         larger products too (``floordiv(h, 8)*floordiv(w, 8) == 16``: ``32*n*that + 1``
         is ``512*n + 1``)."""
-        facts = []
-        for key, value in self._constant_compound_facts:
-            if len(key.terms) == 1 and len(key.terms[0][0]) > 1:
-                (m, c), v = key.terms[0], value.constant_value
-                if v % c == 0:
-                    facts.append((m, v // c))
-        if not facts:
-            return e
         terms: dict = {}
         for m, c in e.terms:
-            for fm, fv in facts:
+            for fm, fv in self._product_facts:
                 rest = _divide_monomial(m, fm)
                 if rest is not None:
                     m, c = rest, c * fv

@@ -97,13 +97,12 @@ def opaque_layer_norm():
                 return torch.overrides.handle_torch_function(
                     layer_norm, (input, weight, bias), *args
                 )  # (as opaque_linear in traced_forms.py)
-            shape = normalized_shape
             plain = (
-                isinstance(shape, (list, tuple))  # (an int: torch's TypeError)
-                and len(shape) > 0  # (torch's error)
+                isinstance(normalized_shape, (list, tuple))  # (an int: torch's TypeError)
+                and len(normalized_shape) > 0  # (torch's error)
                 and type(input) in PLAIN_TENSORS
                 and input.dtype.is_floating_point
-                and all(isinstance(d, (int, torch.SymInt)) for d in shape)
+                and all(isinstance(d, (int, torch.SymInt)) for d in normalized_shape)
                 and isinstance(eps, (int, float))
                 and all(
                     type(t) in PLAIN_TENSORS and t.dtype == input.dtype
@@ -114,7 +113,8 @@ def opaque_layer_norm():
             if not plain:
                 return original(*args)
             cudnn = torch.backends.cudnn.enabled  # (what torch records: off while exporting)
-            return layer_norm_opaque(input, list(shape), weight, bias, float(eps), cudnn)
+            shape = list(normalized_shape)
+            return layer_norm_opaque(input, shape, weight, bias, float(eps), cudnn)
 
         return layer_norm
 
