@@ -188,6 +188,47 @@ def test_blocks_with_different_state_are_not_grouped():
     ]
 
 
+class DropPath(torch.nn.Module):
+    """Stochastic depth as timm and transformers write it: a rate that rises with depth,
+    used only in training."""
+
+    def __init__(self, drop_prob: float):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x):
+        if not self.training or self.drop_prob == 0.0:
+            return x
+        keep = torch.rand(x.shape[0], 1, 1) >= self.drop_prob
+        return x * keep / (1 - self.drop_prob)
+
+
+class DeepeningBlock(Block):
+    def __init__(self, width: int = 16, index: int = 0):
+        super().__init__(width, index)
+        self.drop_path = DropPath(0.1 * (index + 1))
+        self.dropout = torch.nn.Dropout(0.05 * (index + 1))
+
+    def forward(self, x, mask):
+        return x + self.drop_path(self.dropout(super().forward(x, mask) - x))
+
+
+def test_blocks_differing_only_in_training_rates_are_copied_in_eval_mode():
+    """A drop-path rate and a dropout probability change nothing in eval mode: such blocks
+    are grouped for an inference capture, not while they train."""
+    model = Stack(block=DeepeningBlock)
+    assert find_repeated_blocks(model) == []  # (training mode: the rates matter)
+    model.eval()
+    assert len(find_repeated_blocks(model)) == 1
+    captured = capture_export(model, _inputs(2, 6))
+    assert captured.stamped == 3
+    _program_agrees(captured, model)
+    model.blocks[1].drop_path.scale = 2.0  # any other state still tells blocks apart
+    assert [[n for n, _ in g] for g in find_repeated_blocks(model)] == [
+        ["blocks.0", "blocks.2", "blocks.3"]
+    ]
+
+
 class SharedInput(torch.nn.Module):
     """Blocks that read a tensor their parent leaves on a shared object, not an input."""
 
@@ -368,6 +409,36 @@ def test_bert_returning_attentions_and_hidden_states_gets_every_layer():
     assert len(got["hidden_states"]) == len(want.hidden_states) == 4
     torch.testing.assert_close(list(got["attentions"]), list(want.attentions))
     torch.testing.assert_close(list(got["hidden_states"]), list(want.hidden_states))
+
+
+def test_an_idle_transformers_recorder_does_not_stop_the_copies():
+    """transformers installs a recorder hook on every layer's attention once a call asks
+    for any recorded output; asking only for hidden states leaves those hooks idle, so the
+    layers are still copied, and every output comes back right."""
+    cfg = transformers.BertConfig(
+        vocab_size=50, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        num_hidden_layers=3, output_hidden_states=True, attn_implementation="eager",
+    )  # fmt: skip
+    model = transformers.BertModel(cfg, add_pooling_layer=False).eval()
+    g = torch.Generator().manual_seed(5)
+    example = {"input_ids": torch.randint(0, 50, (2, 8), generator=g)}
+    with torch.no_grad():
+        model(**example)  # (the recorders are installed now, attentions' among them)
+    attention = model.encoder.layer[1].attention.self
+    assert attention._forward_hooks  # (the premise: a hook sits inside each layer)
+    captured = capture_export(model, (), example)
+    assert captured.stamped == 2
+    x = {"input_ids": torch.randint(0, 50, (3, 11), generator=g)}
+    with torch.no_grad():
+        got, want = captured.gm(**x), model(**x)
+    torch.testing.assert_close(list(got["hidden_states"]), list(want.hidden_states))
+    model.config.output_attentions = True  # asked for, they are recorded from every layer
+    traced = capture_export(model, (), example)
+    with torch.no_grad():
+        got, want = traced.gm(**x), model(**x)
+    assert traced.stamped == 0
+    assert len(got["attentions"]) == len(want.attentions) == 3
+    torch.testing.assert_close(list(got["attentions"]), list(want.attentions))
 
 
 class Pair(torch.nn.Module):

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -41,6 +42,11 @@ import torch.utils._pytree as pytree
 # (only plain containers may hold a block's inputs), so the index reaches no op.
 POSITION_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_number"})
 
+# Attributes that only steer training: a stochastic-depth rate (``drop_prob``, which timm's
+# and transformers' drop-path modules keep, rising with a block's depth) changes nothing a
+# module computes in eval mode, nor does a dropout's ``p``; blocks that differ only there
+# trace alike when captured for inference.
+TRAINING_ATTRIBUTES = frozenset({"drop_prob"})
 # Types a block's inputs and outputs may be built of, besides tensors (pytree containers
 # aside): values the copy can take from the first call because they are equal.
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.SymInt)
@@ -180,11 +186,17 @@ def _signature(module: torch.nn.Module):
     and no hooks. None for a module that cannot be stamped (hooks, state not comparable)."""
     parts = []
     for name, sub in module.named_modules():
-        if _has_hooks(sub):
+        if _has_hooks(sub, lambda hook: _recorder_key(hook) is not None):  # (per call)
             return None
         state = []
         for key, value in sorted(vars(sub).items()):
             if key in _MODULE_INTERNALS or key in POSITION_ATTRIBUTES:
+                continue
+            if not sub.training and (
+                key in TRAINING_ATTRIBUTES
+                or key == "p"
+                and isinstance(sub, torch.nn.modules.dropout._DropoutNd)
+            ):
                 continue
             if isinstance(value, torch.Tensor):
                 return None  # a tensor attribute outside the state dict: values may differ
@@ -211,25 +223,52 @@ def _comparable(value):
 
 def _hooked_inside(module: torch.nn.Module) -> bool:
     """Whether a hook would run inside ``module``'s call: on a submodule, or on every
-    module (torch's global hooks). A copy would skip what such a hook does."""
+    module (torch's global hooks). A copy would skip what such a hook does; an idle
+    transformers recorder (``_idle_recorder``) does nothing."""
     from torch.nn.modules import module as torch_module
 
     global_hooks = ("_global_forward_hooks", "_global_forward_pre_hooks")
     if any(getattr(torch_module, name, None) for name in global_hooks):
         return True
-    return any(_has_hooks(sub) for sub in module.modules() if sub is not module)
+    return any(_has_hooks(sub, _idle_recorder) for sub in module.modules() if sub is not module)
 
 
-def _has_hooks(module: torch.nn.Module) -> bool:
+def _has_hooks(module: torch.nn.Module, ignored=lambda hook: False) -> bool:
+    """Whether ``module`` has a hook, forward hooks for which ``ignored(hook)`` holds aside."""
+    if any(not ignored(h) for h in getattr(module, "_forward_hooks", {}).values()):
+        return True
     return any(
         getattr(module, name, None)
-        for name in (
-            "_forward_hooks",
-            "_forward_pre_hooks",
-            "_backward_hooks",
-            "_backward_pre_hooks",
-        )
+        for name in ("_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
     )
+
+
+def _recorder_key(hook):
+    """The output a transformers recorder hook collects (``attentions``, say), or None for
+    any other hook. transformers installs one on each module whose outputs a model can
+    return (``output_attentions=True``), the first time a call asks for any of them."""
+    code = getattr(hook, "__code__", None)
+    module = getattr(hook, "__module__", None) or ""
+    if code is None or code.co_name != "output_capturing_hook":
+        return None
+    if not module.startswith("transformers.") or "key" not in code.co_freevars:
+        return None
+    key = hook.__closure__[code.co_freevars.index("key")].cell_contents
+    return key if isinstance(key, str) else None
+
+
+def _idle_recorder(hook) -> bool:
+    """Whether ``hook`` is a transformers recorder with nothing to record in this call: the
+    call's collector (a context variable of its module) does not ask for its output."""
+    key = _recorder_key(hook)
+    collector = getattr(sys.modules.get(hook.__module__), "_active_collector", None)
+    if key is None or collector is None:
+        return False
+    try:
+        asked = collector.get()
+    except Exception:  # (another transformers: a real hook, as any other)
+        return False
+    return asked is None or key not in asked
 
 
 @contextlib.contextmanager
