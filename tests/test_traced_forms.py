@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from traced_graphs import calls, compiled_matches_eager, recorded_through
 
 import anyshape
 from anyshape.errors import CaptureError
@@ -23,20 +24,6 @@ class ConvNorm(torch.nn.Module):
         return self.bn1(y.flatten(2)).sum(-1)
 
 
-def _calls(graph) -> list:
-    """Each call's op and arguments, a node argument as the position of its node."""
-    where = {n: k for k, n in enumerate(graph.nodes)}
-
-    def arg(a):
-        return ("node", where[a]) if isinstance(a, torch.fx.Node) else repr(a)
-
-    return [
-        (str(n.target), [arg(a) for a in n.args], {k: arg(v) for k, v in n.kwargs.items()})
-        for n in graph.nodes
-        if n.op == "call_function"
-    ]
-
-
 @pytest.mark.parametrize("affine", [True, False])
 def test_eval_batch_norm_is_recorded_as_torch_records_it(affine):
     model = ConvNorm(affine, eps=1e-3).eval()
@@ -48,8 +35,8 @@ def test_eval_batch_norm_is_recorded_as_torch_records_it(affine):
     with torch.no_grad():
         torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
     ours = _export(model, (x,), {}, dims)
-    assert _calls(ours.graph) == _calls(torch_own.graph)
-    assert sum("batch_norm" in t for t, *_ in _calls(ours.graph)) == 2
+    assert calls(ours.graph) == calls(torch_own.graph)
+    assert sum("batch_norm" in t for t, *_ in calls(ours.graph)) == 2
     compiled = anyshape.optimize(model, (x,))
     for shape in [(1, 3, 1, 1), (3, 3, 16, 5), (0, 3, 4, 4)]:
         x = torch.randn(shape)
@@ -61,7 +48,7 @@ def test_training_batch_norm_is_traced_as_torch_traces_it():
     model = ConvNorm().train()
     x = torch.randn(4, 3, 6, 6)
     ep = _export(model, (x,), {}, None, grad=True)
-    assert not any("anyshape" in t for t, *_ in _calls(ep.graph))
+    assert not any("anyshape" in t for t, *_ in calls(ep.graph))
     assert model.bn.num_batches_tracked.item() == 0  # (a capture updates no statistics)
 
 
@@ -149,7 +136,7 @@ def test_relu_is_recorded_as_torch_records_it_and_in_place_stays():
     finally:
         traced_forms.relu_opaque = real
     assert len(seen) == 2  # the two out-of-place calls went through the opaque op
-    assert _calls(ours.graph) == _calls(torch_own.graph)
+    assert calls(ours.graph) == calls(torch_own.graph)
     compiled = anyshape.optimize(model, (x,))
     for shape in [(1, 3, 1, 1), (3, 3, 16, 5), (0, 3, 4, 4)]:
         x = torch.randn(shape)
@@ -212,41 +199,6 @@ class Projections(torch.nn.Module):
         return torch.nn.functional.linear(y, self.b.weight[:, :3]), self.drop(y)
 
 
-def _recorded_through(module, names: tuple, model, x, dims) -> list[int]:
-    """Capture ``model`` with each opaque op ``module.<name>`` counting its calls: the graph
-    must be the one torch.export records for the model; returns each op's call count."""
-    with torch.no_grad():
-        torch_own = torch.export.export(model, (x,), dynamic_shapes=dims, strict=False)
-    real = [getattr(module, name) for name in names]
-    seen = []
-
-    def counting(op):
-        def counted(*args):
-            seen.append(op)
-            return op(*args)
-
-        return counted
-
-    for name, op in zip(names, real):
-        setattr(module, name, counting(op))
-    try:
-        ours = _export(model, (x,), {}, dims)
-    finally:
-        for name, op in zip(names, real):
-            setattr(module, name, op)
-    assert _calls(ours.graph) == _calls(torch_own.graph)
-    return [seen.count(op) for op in real]
-
-
-def _compiled_matches_eager(model, x, shapes) -> None:
-    compiled = anyshape.optimize(model, (x,))
-    for shape in shapes:
-        x = torch.randn(shape)
-        with torch.no_grad():
-            for got, want in zip(compiled(x), model(x)):
-                torch.testing.assert_close(got, want)
-
-
 def test_linear_and_dropout_are_recorded_as_torch_records_them():
     from anyshape.frontends.torch import traced_forms
 
@@ -254,8 +206,8 @@ def test_linear_and_dropout_are_recorded_as_torch_records_them():
     x = torch.randn(2, 7, 6)
     dims = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
     names = ("linear_opaque", "dropout_eval")
-    assert _recorded_through(traced_forms, names, model, x, dims) == [3, 3]  # every call
-    _compiled_matches_eager(model, x, [(1, 1, 6), (3, 9, 6), (0, 4, 6), (2, 0, 6)])
+    assert recorded_through(traced_forms, names, model, x, dims) == [3, 3]  # every call
+    compiled_matches_eager(model, x, [(1, 1, 6), (3, 9, 6), (0, 4, 6), (2, 0, 6)])
 
 
 class OnlyDropout(torch.nn.Module):
@@ -423,7 +375,7 @@ def test_upsampling_to_a_size_is_recorded_as_torch_records_it():
     finally:
         traced_forms.upsample_opaque = real
     assert sorted(seen) == ["bicubic", "bilinear", "nearest"]  # the three plain forms
-    assert _calls(ours.graph) == _calls(torch_own.graph)
+    assert calls(ours.graph) == calls(torch_own.graph)
     compiled = anyshape.optimize(model, (x, seq))
     with torch.no_grad():
         for shape in [(1, 4, 8, 8), (3, 4, 23, 17), (0, 4, 12, 12)]:
@@ -458,8 +410,8 @@ def test_layer_norm_and_gelu_are_recorded_as_torch_records_them():
     x = torch.randn(2, 5, 6)
     dims = ({0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO},)
     names = ("layer_norm_opaque", "gelu_opaque")
-    assert _recorded_through(opaque_ops, names, model, x, dims) == [2, 3]  # every call
-    _compiled_matches_eager(model, x, [(1, 3, 6), (3, 9, 6), (0, 4, 6), (2, 3, 6)])
+    assert recorded_through(opaque_ops, names, model, x, dims) == [2, 3]  # every call
+    compiled_matches_eager(model, x, [(1, 3, 6), (3, 9, 6), (0, 4, 6), (2, 3, 6)])
 
 
 def test_layer_norm_of_a_wrong_size_is_refused_as_eager_refuses_it():
