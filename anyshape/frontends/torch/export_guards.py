@@ -219,14 +219,19 @@ def _layout_only(guard) -> bool:
     lay out an output, it does not change any size. So does the memory format torch's
     fake convolution picks for its output (``_conv_determine_backend_memory_format``
     asks whether a dim is 1: SegFormer's last stage at 32 px), told from the same
-    function's backend choice by its source line.
+    function's backend choice by its source line, and the one the opaque convolution
+    picks the same way.
     """
     frame = getattr(getattr(guard, "sloc", None), "framework_loc", None)
     name = getattr(frame, "name", None)
     if name in _LAYOUT_DECISIONS:
         return True
-    if name == "conv" and "memory_format" in (getattr(frame, "line", "") or ""):
-        return True  # (tests/test_models.py's SegFormer stream recompiles without this)
+    # (tests/test_models.py's SegFormer stream recompiles without this; the opaque
+    # convolution's fake asks the same in ``opaque_ops._conv_memory_format``)
+    if name in ("conv", "_conv_memory_format") and "memory_format" in (
+        getattr(frame, "line", "") or ""
+    ):
+        return True
     if name in _DECIDED_PER_CALL:
         return True
     filename = getattr(frame, "filename", "") or ""

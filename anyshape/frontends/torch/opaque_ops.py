@@ -23,10 +23,11 @@ whose output strides a later view may depend on), or laid out as eager's (convol
 - ``opaque_conv``: ``F.conv1d``, ``F.conv2d`` and ``F.conv3d`` with numeric arguments;
   restored to the ``aten.conv<n>d`` torch records. Its fake is torch's fake convolution
   less one step: torch makes a contiguous output and converts it to the layout eager
-  would give (SegFormer-B0's 20 convolutions: 0.86 -> 0.29 s of fake dispatch), where
-  this one makes it in that layout, channels-last included. Its guards come in the same
-  order (the backend's per-dim checks, then the shape function's); where a later view
-  checks the output's contiguity their text differs from torch's, not the sizes they admit.
+  would give, where this one returns the contiguous output as it is (SegFormer-B0's 20
+  convolutions: 0.86 -> 0.29 s of fake dispatch); a channels-last one it converts as
+  torch does. It asks torch's questions in torch's order (the backend's per-dim kernel
+  checks, the memory format, the shape function's checks), so the guards the compiled
+  graph keeps are torch's (``export_guards`` drops the layout questions).
 """
 
 from __future__ import annotations
@@ -256,11 +257,13 @@ def _(x, weight, bias, stride, padding, dilation, groups):
     # chosen layout here, where torch converts a contiguous one (half its time).
     layout = _conv_memory_format(x, weight, bias, stride, padding, dilation, groups)
     shape = calc_conv_nd_return_shape(x, weight, stride, padding, dilation, False, groups)
+    out = x.new_empty(shape)
     if layout in (None, torch.contiguous_format):
-        return x.new_empty(shape)
-    if x.dim() == 4:
-        return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=layout)
-    return x.new_empty(shape).unsqueeze(2).to(memory_format=layout).squeeze(2)  # (as torch's)
+        return out  # (where torch converts a contiguous output to contiguous)
+    # (as torch's: the conversion's guards are layout decisions, which capture drops)
+    if x.dim() == 3:
+        return out.unsqueeze(2).to(memory_format=layout).squeeze(2)
+    return out.to(memory_format=layout)
 
 
 def _conv_memory_format(x, weight, bias, stride, padding, dilation, groups):
