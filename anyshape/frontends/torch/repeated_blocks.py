@@ -261,8 +261,10 @@ def _idle_recorder(hook) -> bool:
     """Whether ``hook`` is a transformers recorder with nothing to record in this call: the
     call's collector (a context variable of its module) does not ask for its output."""
     key = _recorder_key(hook)
+    if key is None:
+        return False
     collector = getattr(sys.modules.get(hook.__module__), "_active_collector", None)
-    if key is None or collector is None:
+    if collector is None:
         return False
     try:
         asked = collector.get()
