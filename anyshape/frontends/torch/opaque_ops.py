@@ -253,8 +253,7 @@ def conv_opaque(
 @conv_opaque.register_fake
 def _(x, weight, bias, stride, padding, dilation, groups):
     # What torch's fake convolution does, in its order (eager's checks of each size first,
-    # while picking the backend): the same guards on the sizes. Its output is made in the
-    # chosen layout here, where torch converts a contiguous one (half its time).
+    # while picking the backend, then the memory format): the same guards on the sizes.
     layout = _conv_memory_format(x, weight, bias, stride, padding, dilation, groups)
     shape = calc_conv_nd_return_shape(x, weight, stride, padding, dilation, False, groups)
     out = x.new_empty(shape)
