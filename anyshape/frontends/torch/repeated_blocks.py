@@ -47,6 +47,7 @@ POSITION_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_
 # module computes in eval mode, nor does a dropout's ``p``; blocks that differ only there
 # trace alike when captured for inference.
 TRAINING_ATTRIBUTES = frozenset({"drop_prob"})
+
 # Types a block's inputs and outputs may be built of, besides tensors (pytree containers
 # aside): values the copy can take from the first call because they are equal.
 _PLAIN = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.SymInt)
@@ -192,11 +193,7 @@ def _signature(module: torch.nn.Module):
         for key, value in sorted(vars(sub).items()):
             if key in _MODULE_INTERNALS or key in POSITION_ATTRIBUTES:
                 continue
-            if not sub.training and (
-                key in TRAINING_ATTRIBUTES
-                or key == "p"
-                and isinstance(sub, torch.nn.modules.dropout._DropoutNd)
-            ):
+            if not sub.training and _steers_training_only(sub, key):
                 continue
             if isinstance(value, torch.Tensor):
                 return None  # a tensor attribute outside the state dict: values may differ
@@ -219,6 +216,13 @@ def _comparable(value):
     if isinstance(value, (tuple, list)):
         return (type(value), tuple(_comparable(v) for v in value))
     return ("id", id(value))
+
+
+def _steers_training_only(module: torch.nn.Module, key: str) -> bool:
+    """Whether attribute ``key`` of ``module`` only matters while it trains."""
+    if key in TRAINING_ATTRIBUTES:
+        return True
+    return key == "p" and isinstance(module, torch.nn.modules.dropout._DropoutNd)
 
 
 def _hooked_inside(module: torch.nn.Module) -> bool:
