@@ -23,7 +23,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
 
@@ -82,40 +82,49 @@ def build_cached(
     language: str = "c++",
     options: Options | None = None,
     split: Callable[[str], list[str]] | None = None,
+    objects: Sequence[Path] = (),
+    compile_only: bool = False,
 ) -> Path:
     """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++.
 
     ``split``: on a miss, the same program as translation units to compile in parallel
     and link (the CPU backend splits a large one; one unit: built whole). The key is
     ``source``'s: how many units a machine splits it into does not change what the
-    library computes. ``options``
+    library computes. ``objects``: object files this cache built (``compile_only``) that
+    the library links; their names, which carry their keys, are part of this key.
+    ``compile_only``: an object file (``.o``) instead of a library. ``options``
     (default: as the environment sets them) give the compiler, the cache folder and
     ``dump_dir``, where each newly built ``source`` is written too."""
     options = options or Options.from_env()
     source = with_abi_header(source)
     cxx, version = compiler(options.cxx)
-    key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION]).encode())
+    linked = [Path(o).name for o in objects]
+    key = hashlib.sha256("\0".join([source, version, " ".join(flags), VERSION, *linked]).encode())
     key = key.hexdigest()[:32]
     root = cache_dir(options.cache_dir)
-    lib, stamp = root / f"{name}-{key}.so", root / f"{name}-{key}.sha256"
+    suffix = ".o" if compile_only else ".so"
+    lib, stamp = root / f"{name}-{key}{suffix}", root / f"{name}-{key}.sha256"
     if lib.exists() and stamp.exists() and stamp.read_text().strip() == _digest(lib):
         return lib
     ext = ".cpp" if language == "c++" else ".c"
     dump = options.dump_dir
-    if dump:
+    if dump and not compile_only:  # (an object is the runtime's own code, not generated)
         Path(dump).mkdir(parents=True, exist_ok=True)
         (Path(dump) / f"{name}-{key}{ext}").write_text(source)
     bump("native_builds")
     with tempfile.TemporaryDirectory(dir=root) as tmp:
-        out = Path(tmp) / "graph.so"
+        out = Path(tmp) / f"graph{suffix}"
         failed = source
-        units = split(source) if split else [source]
+        units = split(source) if split and not compile_only else [source]
         if len(units) > 1:
-            error, failed = _compile_and_link(cxx, language, units, Path(tmp), out, flags)
+            error, failed = _compile_and_link(
+                cxx, language, units, Path(tmp), out, flags, [str(o) for o in objects]
+            )
         else:
             src = Path(tmp) / f"graph{ext}"
-            src.write_text(source)
-            error = _run([cxx, "-x", language, str(src), "-o", str(out), *flags])
+            src.write_text(units[0])
+            step = ["-c"] if compile_only else ["-x", "none", *map(str, objects)]
+            error = _run([cxx, "-x", language, str(src), *step, "-o", str(out), *flags])
         if error is not None:  # (the unit the error's line numbers refer to)
             kept = root / f"{name}-{key}.failed{ext}"
             kept.write_text(failed)
@@ -135,19 +144,25 @@ def _run(command: list[str]) -> str | None:
 
 
 def _compile_and_link(
-    cxx: str, language: str, units: list[str], tmp: Path, out: Path, flags: list[str]
+    cxx: str,
+    language: str,
+    units: list[str],
+    tmp: Path,
+    out: Path,
+    flags: list[str],
+    objects: list[str],
 ) -> tuple[str | None, str]:
-    """Compile each unit to an object file, all at once, then link them into ``out``.
-    Returns the error output (None when built) and the text it is about: a unit the
-    compiler rejected, else every unit."""
+    """Compile each unit to an object file, all at once, then link them and ``objects``
+    into ``out``. Returns the error output (None when built) and the text it is about: a
+    unit the compiler rejected, else every unit."""
     ext = ".cpp" if language == "c++" else ".c"
     procs: list[subprocess.Popen] = []
-    objects = []
+    compiled = []
     try:
         for k, text in enumerate(units):
             src, obj = tmp / f"unit{k}{ext}", tmp / f"unit{k}.o"
             src.write_text(text)
-            objects.append(str(obj))
+            compiled.append(str(obj))
             command = [cxx, "-x", language, str(src), "-c", "-o", str(obj), *flags]
             procs.append(
                 subprocess.Popen(
@@ -163,4 +178,4 @@ def _compile_and_link(
     for p, err, text in zip(procs, errors, units):
         if p.returncode != 0:
             return err or f"{cxx} exited with {p.returncode}", text
-    return _run([cxx, *objects, "-o", str(out), *flags]), "\n".join(units)
+    return _run([cxx, *compiled, *objects, "-o", str(out), *flags]), "\n".join(units)

@@ -109,37 +109,47 @@ def test_a_small_program_stays_one_unit():
     assert cpu_build.split_units(source, 4) == [source]
 
 
+def test_a_lone_unit_linking_the_glue_object_is_one_unit_of_several():
+    """A program that links the oneDNN glue object (``whole=False``) compiles even as one
+    unit the way each of several units is compiled (AS_SPLIT_UNIT, and the C API with
+    AS_HOST_UNIT), so that what the unit and the object share is one copy."""
+    source = "prelude\n" + KERNEL_MARK + "\nAS_KERNEL int k_a() {}\n" + HOST_MARK + "\nmain\n"
+    (unit,) = cpu_build.split_units(source, 4, whole=False)
+    assert unit == "#define AS_SPLIT_UNIT\n#define AS_HOST_UNIT\n" + source
+
+
 def test_the_helpers_a_program_calls_count_toward_its_split():
     """The runtime helpers its kernels call are compile work too: a program of two small
-    kernels calling oneDNN's glue builds in two units at once (ResNet-50's C++ build took
-    0.96 s in one unit, 0.56 s in two)."""
+    kernels calling the im2col convolution builds in two units at once (ResNet-50's C++
+    build took 0.96 s in one unit, 0.56 s in two)."""
     kernels = "".join(
-        f"{KERNEL_MARK}\nAS_KERNEL int k_{k}() {{ as_dnnl_matmul(&s); {'x' * 700} }}\n"
+        f"{KERNEL_MARK}\nAS_KERNEL int k_{k}() {{ as_conv2d_nhwc<float>(s); {'x' * 700} }}\n"
         for k in range(2)
     )
     source = "prelude\n" + kernels + HOST_MARK + "\nmain\n"
     assert len(cpu_build.split_units(source, 2)) == 2
-    plain = source.replace("as_dnnl_matmul(&s);", "")
+    plain = source.replace("as_conv2d_nhwc<float>(s);", "")
     assert cpu_build.split_units(plain, 2) == [plain]
 
 
 def test_kernels_calling_one_helper_share_a_unit(monkeypatch):
-    """A unit compiles each runtime helper its kernels call (oneDNN's glue, the im2col
-    convolution, the BLAS GEMM) once: kernels calling the same helpers go together while
-    that keeps the units even, the rest balance the load."""
+    """A unit compiles each runtime helper its kernels call (the im2col convolution, the
+    BLAS GEMM) once: kernels calling the same helpers go together while that keeps the
+    units even, the rest balance the load."""
     monkeypatch.setattr(cpu_build, "UNIT_CHARS", 1)
 
     def kernel(name: str, body: str) -> str:
         return f"{KERNEL_MARK}\nAS_KERNEL int {name}() {{ {body} }}\n"
 
     gemms = [
-        kernel(f"k_g{k}", f"as_dnnl_matmul(&s{k}); as_gemm_batch<float>({k});") for k in range(3)
+        kernel(f"k_g{k}", f"as_conv2d_nhwc<float>(s{k}); as_gemm_batch<float>({k});")
+        for k in range(3)
     ]
     loops = [kernel(f"k_l{k}", "x" * 3000) for k in range(4)]
     source = "prelude\n" + "".join(gemms + loops) + HOST_MARK + "\nmain\n"
     units = cpu_build.split_units(source, 2)
     assert len(units) == 2
-    with_gemm = [u for u in units if "as_dnnl_matmul" in u]
+    with_gemm = [u for u in units if "as_conv2d_nhwc" in u]
     assert len(with_gemm) == 1 and all(f"k_g{k}" in with_gemm[0] for k in range(3))
     assert all(any(f"k_l{k}" in u for u in units) for k in range(4))
 
@@ -149,7 +159,7 @@ def test_no_unit_is_left_without_kernels(monkeypatch):
     the prelude alone (a compiler run for nothing)."""
     monkeypatch.setattr(cpu_build, "UNIT_CHARS", 1)
     kernels = "".join(
-        f"{KERNEL_MARK}\nAS_KERNEL int k_m{k}() {{ as_dnnl_matmul(&s); {'x' * 5000} }}\n"
+        f"{KERNEL_MARK}\nAS_KERNEL int k_m{k}() {{ as_gemm_batch<float>(s); {'x' * 5000} }}\n"
         for k in range(6)
     )
     source = "prelude\n" + kernels + HOST_MARK + "\n" + "m" * 600_000 + "\n"
@@ -185,3 +195,47 @@ def test_the_cache_key_does_not_depend_on_the_split(split_builds, monkeypatch):
     assert len(cpu_build.split_units(source, 2)) == 2
     assert cpu_build.build_library(source, "cluster0") == first
     assert anyshape.stats()["native_builds"] == builds and split_builds == [6]
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.head = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+def test_one_glue_object_serves_every_library(tmp_path, monkeypatch):
+    """oneDNN's glue is compiled once into an object of the cache, which each library
+    with oneDNN call sites links (no unit compiles it): a second model builds its own
+    library only, both export the weight-watch API from the object, and both match eager
+    over shapes, weights changed in place included. A library without oneDNN call sites
+    does not link it."""
+    monkeypatch.setenv("ANYSHAPE_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(3)
+    models = [
+        (Mlp().eval(), lambda b, s: torch.randn(b, s, 37), (2, 5)),
+        (ConvNet().eval(), lambda b, s: torch.randn(b, 3, s, s + 1), (2, 6)),
+    ]
+    builds = []
+    for model, make, example in models:
+        before = anyshape.stats()["native_builds"]
+        opt = anyshape.optimize(model, (make(*example),), backend="cpu", dnnl_matmul="always")
+        builds.append(anyshape.stats()["native_builds"] - before)
+        source = _source(opt)
+        assert cpu_build.GLUE_MARK in source and "as_dnnl_matmul(AsMatmulSite* s" in source
+        native = opt.report.clusters[0].compiled.native.native
+        assert native.packs_weights and hasattr(native.lib, "anyshape_watch_weights")
+        with torch.no_grad():
+            for b, s in [(1, 1), (3, 4), (0, 2), (2, 9)]:
+                x = make(b, s)
+                torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            next(model.parameters()).mul_(-0.5)
+            x = make(2, 3)
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+    assert builds == [2, 1]  # the object and the first library, then the second library
+    assert len(list(tmp_path.glob("dnnl-glue-*.o"))) == 1
+    plain = anyshape.optimize(torch.nn.Softmax(-1).eval(), (torch.randn(2, 7),), backend="cpu")
+    assert cpu_build.GLUE_MARK not in _source(plain)

@@ -317,7 +317,8 @@ def test_a_size_onednn_refuses_falls_back_alone(tmp_path):
         here.joinpath(h).read_text() for h in ("prelude.h", "vmath.h", "dnnl.h", "dnnl_conv.h")
     ]
     source = tmp_path / "refusals.cpp"
-    source.write_text(with_abi_header("\n".join(headers)) + HARNESS)
+    glue = "#define AS_SPLIT_UNIT\n#define AS_DNNL_GLUE_OBJECT\n"  # (the glue object's own)
+    source.write_text(glue + with_abi_header("\n".join(headers)) + HARNESS)
     flags = build.FLAGS + build.blas_flags() + build.small_gemm_flags("onednn")  # (ANYSHAPE_DNNL)
     lib = tmp_path / "refusals.so"
     subprocess.run(["g++", str(source), "-o", str(lib), *flags], check=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from importlib import resources
 from pathlib import Path
 
 from ...config import Options
@@ -88,9 +89,32 @@ def build_library(
     options = options or Options.from_env()
     linked = small_gemm_flags(options.small_gemm) if target is NATIVE else []
     flags = FLAGS + list(target.flags) + blas_flags() + linked
+    objects = [dnnl_glue_object(flags, options)] if linked and GLUE_MARK in source else []
     return build_cached(
-        source, name, flags, options=options, split=lambda s: split_units(s, build_jobs())
+        source,
+        name,
+        flags,
+        options=options,
+        split=lambda s: split_units(s, build_jobs(), whole=not objects),
+        objects=objects,
     )
+
+
+# What a unit with oneDNN call sites holds (dnnl.h): it then links the glue object.
+GLUE_MARK = "#define AS_GLUE_ENTRY"
+
+
+def dnnl_glue_object(flags: list[str], options: Options) -> Path:
+    """The object file of the oneDNN glue (``dnnl.h``, ``dnnl_conv.h``, ``dnnl_matmul.h``
+    with AS_DNNL_GLUE_OBJECT), built once per compiler and ``flags`` (the target's ISA
+    among them) into the cache: the units of a library declare what they call of it."""
+    here = resources.files(__package__)
+    headers = ("prelude.h", "dnnl.h", "dnnl_conv.h", "dnnl_matmul.h")
+    source = "\n".join(
+        ["#define AS_SPLIT_UNIT", "#define AS_DNNL_GLUE_OBJECT"]
+        + [here.joinpath(h).read_text() for h in headers]
+    )
+    return build_cached(source, "dnnl-glue", flags, options=options, compile_only=True)
 
 
 # Compile work per unit, in characters of kernel text (about 22 us each at -O3): each unit
@@ -105,13 +129,11 @@ UNIT_CHARS = 2_000
 HOST_WORK = 0.1  # compile work per character of the host function, against a kernel's
 # Runtime helpers a kernel may call, with the work a unit pays once to compile each, in
 # characters of kernel work (about 22 us each at -O3): measured alone on top of the
-# prelude (AVX-512 Zen 5), oneDNN's matmul glue 0.06 s, its convolution glue 0.075 s,
-# the channels-last im2col convolution 0.057 s, the BLAS GEMM 0.03 s. Kernels calling
-# the same helpers go to the same unit where the load allows (ResNet-50: every unit
-# compiled all four before).
+# prelude (AVX-512 Zen 5), the channels-last im2col convolution 0.057 s, the BLAS GEMM
+# 0.03 s. Kernels calling the same helpers go to the same unit where the load allows.
+# (oneDNN's glue, 0.06-0.075 s there and 0.16 s each on a slower AVX-512 host, is no
+# unit's work: the library links it, built once, ``dnnl_glue_object``.)
 HELPER_WORK = {
-    "as_dnnl_matmul(": 2700,
-    "as_dnnl_conv2d(": 3400,
     "as_conv2d_nhwc<": 2600,
     "as_gemm_batch<": 1400,
 }
@@ -126,10 +148,12 @@ def build_jobs() -> int:
     return max(1, min(cores, 4))
 
 
-def split_units(source: str, jobs: int) -> list[str]:
+def split_units(source: str, jobs: int, whole: bool = True) -> list[str]:
     """``source`` (one translation unit from ``emit_translation_unit``) as up to ``jobs``
     units of about equal compile work: each repeats the prelude and takes a share of the
-    kernels, the host unit (``AS_HOST_UNIT``) also the host function and the C API."""
+    kernels, the host unit (``AS_HOST_UNIT``) also the host function and the C API.
+    ``whole=False``: the units link with an object of the library's own (the oneDNN
+    glue), so even a single unit is compiled as one unit of several."""
     head, _, host = source.partition(f"\n{HOST_MARK}\n")
     common, *kernels = head.split(f"\n{KERNEL_MARK}\n")
     host_work = int(len(host) * HOST_WORK)
@@ -138,7 +162,7 @@ def split_units(source: str, jobs: int) -> list[str]:
     work = host_work + sum(map(len, kernels)) + sum(HELPER_WORK[h] for h in every)
     parts = max(1, min(jobs, work // UNIT_CHARS, len(kernels) + 1))
     if parts == 1:
-        return [source]
+        return [source] if whole else [f"#define AS_SPLIT_UNIT\n#define AS_HOST_UNIT\n{source}"]
     # Largest first (counting the helpers it calls) onto a unit that already compiles
     # its helpers while that unit stays within an even share, else onto the unit where it
     # ends least loaded; unit 0 also holds the host function.

@@ -1,14 +1,13 @@
 // anyshape CPU runtime: the part of oneDNN's C API the generated code uses, and the
 // weights it keeps packed in oneDNN's layouts (plugin mode, when installed). Pasted after
 // prelude.h, before dnnl_conv.h and dnnl_matmul.h, into translation units that call
-// oneDNN primitives; only compiled with ANYSHAPE_DNNL (the build links the
-// onednn-cpu-gomp wheel's libdnnl.so.3, which ships no headers). Only entry points
-// stable across oneDNN 3.x are declared.
+// oneDNN primitives and into the glue object (below); only compiled with ANYSHAPE_DNNL
+// (the build links the onednn-cpu-gomp wheel's libdnnl.so.3, which ships no headers).
+// Only entry points stable across oneDNN 3.x are declared.
 #include <pthread.h>
 
 // What runs once per site, shape or weight (the engine, primitives, packing, the watch)
-// is compiled at -O1: the work is oneDNN's, and every unit that holds a oneDNN kernel
-// compiles this glue again (at -O3 0.21 s of a unit's compile with both headers).
+// is compiled at -O1: the work is oneDNN's (at -O3 the glue object took 0.21 s more).
 #define AS_SETUP __attribute__((optimize("O1")))
 
 extern "C" {
@@ -102,6 +101,43 @@ enum {
 // channel, 4 max(x, 0), 5 x + t with t a tensor of the output's shape. At most 8 ops.
 #define AS_POST_OPS_MAX 8
 
+// Where a kernel's oneDNN call site lives: one table per kernel, one site per geometry
+// (as_site_for).
+struct AsSiteTable {
+  pthread_mutex_t mu;
+  void** sites;
+  int64_t count;
+};
+
+// Weights of one layer in the layout one primitive wants.
+struct AsPackedWeights {
+  const float* plain;
+  dnnl_memory_desc_t md;
+  float* data;
+  uint64_t generation;
+};
+
+// The packed weights of one call site (a site serves every layer its kernel is shared by).
+struct AsWeightsCache {
+  pthread_mutex_t mu;
+  AsPackedWeights* packed;
+  int64_t npacked;
+  AsWeightsCache* next;  // every site that has run, for `anyshape_unwatch_weights`
+  bool listed;
+};
+
+// The glue, everything below here and in dnnl_conv.h and dnnl_matmul.h but the types and
+// the entry points' declarations (AS_GLUE_ENTRY), is compiled once per machine and ISA
+// into an object that every library holding oneDNN call sites links (build.py,
+// `dnnl_glue_object`, with AS_DNNL_GLUE_OBJECT): the units of kernels see the types and
+// declarations alone. Compiled into each unit, it was a third of a small model's build
+// (0.16 s for the matmul's, 0.16 s for the convolution's, per unit, 2-core AMD EPYC with
+// AVX-512). The object is one more unit of the library (AS_SPLIT_UNIT): its state (the
+// engine, the watched weights) is one copy per library, as when each unit compiled it.
+#define AS_GLUE_ENTRY __attribute__((visibility("hidden")))
+
+#ifdef AS_DNNL_GLUE_OBJECT
+
 static inline bool as_post_op_binary(int64_t op) { return (op >= 1 && op <= 3) || op == 5; }
 
 // `attr` given the post-ops of `code`: vectors described by `vector`, tensors by `tensor`.
@@ -185,7 +221,6 @@ AS_SHARED int64_t as_nwatched = 0;
 AS_SHARED uint64_t as_weights_generation = 1;
 // Registering weights also bumps the generation: new weights may sit where freed ones
 // were packed from.
-#ifdef AS_WITH_API
 extern "C" AS_SETUP int anyshape_watch_weights(const void* const* weights, int64_t n) {
   pthread_mutex_lock(&as_watch_mu);
   const void** grown = (const void**)realloc(as_watched, sizeof(void*) * (as_nwatched + n + 1));
@@ -200,7 +235,6 @@ extern "C" AS_SETUP int anyshape_watch_weights(const void* const* weights, int64
 extern "C" void anyshape_weights_changed() {
   __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
 }
-#endif
 static bool as_is_watched(const void* weights) {
   pthread_mutex_lock(&as_watch_mu);
   bool found = false;
@@ -209,22 +243,6 @@ static bool as_is_watched(const void* weights) {
   return found;
 }
 
-// Weights of one layer in the layout one primitive wants.
-struct AsPackedWeights {
-  const float* plain;
-  dnnl_memory_desc_t md;
-  float* data;
-  uint64_t generation;
-};
-
-// The packed weights of one call site (a site serves every layer its kernel is shared by).
-struct AsWeightsCache {
-  pthread_mutex_t mu;
-  AsPackedWeights* packed;
-  int64_t npacked;
-  AsWeightsCache* next;  // every site that has run, for `anyshape_unwatch_weights`
-  bool listed;
-};
 AS_SHARED AsWeightsCache* as_sites = nullptr;
 
 // Called under c->mu on each use: the site joins the list `anyshape_unwatch_weights` walks.
@@ -237,7 +255,6 @@ static void as_cache_list(AsWeightsCache* c) {
   pthread_mutex_unlock(&as_watch_mu);
 }
 
-#ifdef AS_WITH_API
 // The owner of these weights is gone: forget them and free their packed copies, unless
 // another owner (a second compiled model over the same weights, served by this library)
 // still watches them and may be running with those copies.
@@ -277,7 +294,6 @@ extern "C" AS_SETUP void anyshape_unwatch_weights(const void* const* weights, in
   free(gone_list);
   __atomic_add_fetch(&as_weights_generation, 1, __ATOMIC_SEQ_CST);
 }
-#endif
 
 // Frees what describing a primitive took, once it is made (or failed): its descriptor,
 // its attributes and the n memory descriptors it was described with (null ones skipped).
@@ -401,12 +417,6 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
 // specialized for it, GCC 12's points-to analysis at -O3 folded the geometry's copy into
 // the new site wrongly (GPT-2's attention projection gave wrong values; right at -O0 or
 // with -fno-tree-pta). A call costs nothing beside a GEMM.
-struct AsSiteTable {
-  pthread_mutex_t mu;
-  void** sites;
-  int64_t count;
-};
-
 template <class Site>
 __attribute__((noipa)) static Site* as_site_for(AsSiteTable* t, const int64_t* geometry, int64_t words) {
   pthread_mutex_lock(&t->mu);
@@ -433,3 +443,4 @@ __attribute__((noipa)) static Site* as_site_for(AsSiteTable* t, const int64_t* g
   }
   return hit;
 }
+#endif  // AS_DNNL_GLUE_OBJECT

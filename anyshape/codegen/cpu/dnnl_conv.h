@@ -23,16 +23,6 @@ struct AsConvShape {
   bool refused;  // oneDNN made no primitive for this size (conv is null): its calls fall back
 };
 
-AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
-  if (e->conv) dnnl_primitive_destroy(e->conv);
-  if (e->to_conv) dnnl_primitive_destroy(e->to_conv);
-  if (e->from_conv) dnnl_primitive_destroy(e->from_conv);
-  dnnl_memory_desc_t mds[] = {e->src_plain, e->dst_plain, e->src, e->weights, e->dst, e->scratch, e->vector};
-  for (dnnl_memory_desc_t md : mds)
-    if (md) dnnl_memory_desc_destroy(md);
-  memset(e, 0, sizeof(*e));
-}
-
 // One call site: a convolution's static geometry, its shapes and its layers' packed weights.
 // Activations are channels first ([C, H, W] per image) or, with nhwc, channels last.
 struct AsConvSite {
@@ -44,6 +34,27 @@ struct AsConvSite {
   bool made_one;  // a primitive was made for some size: a later refusal is that size's alone
   bool broken;    // oneDNN refused this geometry: the caller's own path runs instead
 };
+
+// conv(x, w) for one image, or 0 (below); the site of a kernel for one geometry.
+AS_GLUE_ENTRY int as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* y,
+                                 int64_t h, int64_t wd, const float* const* operands = nullptr,
+                                 float* z = nullptr);
+AS_GLUE_ENTRY AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o, int64_t kh,
+                                       int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                                       int64_t pw, int64_t dh, int64_t dw, int64_t nhwc,
+                                       int64_t post);
+
+#ifdef AS_DNNL_GLUE_OBJECT
+AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
+  if (e->conv) dnnl_primitive_destroy(e->conv);
+  if (e->to_conv) dnnl_primitive_destroy(e->to_conv);
+  if (e->from_conv) dnnl_primitive_destroy(e->from_conv);
+  dnnl_memory_desc_t mds[] = {e->src_plain, e->dst_plain, e->src, e->weights, e->dst, e->scratch, e->vector};
+  for (dnnl_memory_desc_t md : mds)
+    if (md) dnnl_memory_desc_destroy(md);
+  memset(e, 0, sizeof(*e));
+}
+
 
 AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConvShape* e) {
   memset(e, 0, sizeof(*e));
@@ -193,8 +204,9 @@ static void as_conv_release(AsConvSite* s, AsConvShape* e) {
 // post-ops (their `operands`: vectors, or this image's part of a tensor), z = the epilogue
 // of conv(x, w) instead: 2 (where oneDNN took them for this size); 0 if oneDNN could not
 // run it (the caller falls back to im2col + GEMM).
-static int as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* y, int64_t h,
-                          int64_t wd, const float* const* operands = nullptr, float* z = nullptr) {
+AS_GLUE_ENTRY int as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* y,
+                                 int64_t h, int64_t wd, const float* const* operands,
+                                 float* z) {
   if (s->broken || !as_dnnl_engine()) return 0;
   const float* packed = nullptr;
   AsConvShape* e = as_conv_acquire(s, h, wd, w, &packed);
@@ -240,9 +252,12 @@ static int as_dnnl_conv2d(AsConvSite* s, const float* x, const float* w, float* 
 }
 
 // The site of a family's kernel for one convolution geometry (see as_site_for).
-__attribute__((noipa)) static AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o, int64_t kh, int64_t kw,
-                                int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh,
-                                int64_t dw, int64_t nhwc, int64_t post) {
+__attribute__((noipa)) AS_GLUE_ENTRY AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o,
+                                                        int64_t kh, int64_t kw, int64_t sh,
+                                                        int64_t sw, int64_t ph, int64_t pw,
+                                                        int64_t dh, int64_t dw, int64_t nhwc,
+                                                        int64_t post) {
   const int64_t geometry[12] = {c, o, kh, kw, sh, sw, ph, pw, dh, dw, nhwc, post};
   return as_site_for<AsConvSite>(t, geometry, 12);
 }
+#endif  // AS_DNNL_GLUE_OBJECT

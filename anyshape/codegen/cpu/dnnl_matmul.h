@@ -26,6 +26,14 @@ struct AsMatmulSite {
   bool transposes;    // its packed layout is the [n, k] weight's panel transposed, row-major
 };
 
+// c[m, n] = a[m, k] @ w, or false (below); the site of a kernel for a [k, n] weight.
+AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c,
+                                  int64_t m);
+AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
+                                           int64_t transposed, int64_t always);
+
+#ifdef AS_DNNL_GLUE_OBJECT
+
 #define AS_DNNL_RUNTIME_DIM INT64_MIN
 
 // Whether oneDNN's matmul beats the BLAS path (as_gemm_batch: oneDNN's sgemm 8 rows at a
@@ -65,11 +73,9 @@ static inline int64_t as_matmul_panels(int64_t k, int64_t n) {
 
 // GEMMs oneDNN ran, for tests and diagnostics (BLAS runs the others).
 AS_SHARED int64_t as_dnnl_matmul_runs = 0;
-#ifdef AS_WITH_API
 extern "C" int64_t anyshape_dnnl_matmul_runs() {
   return __atomic_load_n(&as_dnnl_matmul_runs, __ATOMIC_RELAXED);
 }
-#endif
 
 // Row-major [m, cols] with m left to run time (AS_DNNL_RUNTIME_DIM) or given, rows `ld`
 // apart (default: cols).
@@ -117,7 +123,7 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
 // the BLAS path is faster at m rows (unless the site runs every row count here), or
 // w needs packing and nobody watches it (packing it on every call would cost more than it
 // saves): the caller's GEMM runs instead.
-static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
+AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
   int64_t panels = __atomic_load_n(&s->panels, __ATOMIC_RELAXED);
   if (!panels) {  // (a function of the site's shape and the ISA: any thread's value is it)
@@ -159,8 +165,9 @@ static bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, floa
 }
 
 // The site of a family's kernel for a [k, n] weight (see as_site_for).
-__attribute__((noipa)) static AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n, int64_t transposed,
-                                    int64_t always) {
+__attribute__((noipa)) AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
+                                                            int64_t transposed, int64_t always) {
   const int64_t geometry[4] = {k, n, transposed, always};
   return as_site_for<AsMatmulSite>(t, geometry, 4);
 }
+#endif  // AS_DNNL_GLUE_OBJECT
