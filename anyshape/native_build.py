@@ -8,7 +8,8 @@ library lands in ``~/.cache/anyshape`` (or ``$ANYSHAPE_CACHE_DIR``) under that k
 Writes are atomic (build into a temporary file in the same folder, then rename), and
 each entry carries a SHA-256 of its bytes, so a truncated or corrupt entry is detected
 and rebuilt instead of loaded. A program given as several translation units is compiled
-one compiler per unit, all at once, and linked.
+one compiler per unit, all at once, and linked. An object file (``compile_only``) is
+cached the same way, for libraries that link it.
 
 A unit may ``#include "anyshape_abi.h"`` (the tensor descriptor of every compiled
 library, ``runtime/anyshape_abi.h``): the header's text is pasted in place of that line

@@ -1,8 +1,9 @@
 """Build generated C++ into a shared library for a CPU target.
 
 Sits after ``host``. Adds what the CPU backend links and compiles with (the g++ flags,
-the target's ISA flags, OpenBLAS and, in plugin mode, oneDNN) to the content-addressed
-build cache of ``anyshape.native_build``, which owns the cache directory and the key.
+the target's ISA flags, OpenBLAS and, in plugin mode, oneDNN and the object of the glue
+around it, ``dnnl_glue_object``) to the content-addressed build cache of
+``anyshape.native_build``, which owns the cache directory and the key.
 """
 
 from __future__ import annotations
