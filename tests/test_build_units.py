@@ -239,3 +239,18 @@ def test_one_glue_object_serves_every_library(tmp_path, monkeypatch):
     assert len(list(tmp_path.glob("dnnl-glue-*.o"))) == 1
     plain = anyshape.optimize(torch.nn.Softmax(-1).eval(), (torch.randn(2, 7),), backend="cpu")
     assert cpu_build.GLUE_MARK not in _source(plain)
+
+
+def test_the_glue_object_is_built_while_a_compile_captures(tmp_path):
+    """A compile's warm-up starts the glue object's build on a thread, once per cache:
+    by the library's build it is there (or under way, and waited for)."""
+    options = anyshape.config.Options(cache_dir=str(tmp_path))
+    thread = cpu_build.start_glue_object(options)
+    assert thread is not None
+    assert cpu_build.start_glue_object(options) is None  # once per process and cache
+    thread.join(60)
+    (glue,) = tmp_path.glob("dnnl-glue-*.o")
+    flags = cpu_build.library_flags(cpu_build.NATIVE, options)
+    assert cpu_build.dnnl_glue_object(flags, options) == glue
+    unlinked = anyshape.config.Options(cache_dir=str(tmp_path / "b"), small_gemm="openblas")
+    assert cpu_build.start_glue_object(unlinked) is None  # no oneDNN, no glue

@@ -32,11 +32,13 @@ class CpuBackend(Backend):
         return ("channels_last",) if wanted and target is None and links_onednn(options) else ()
 
     def warm_up(self, options: Options) -> None:
-        """oneDNN's GEMM kernels generated on a free core while the compile runs
-        (``onednn_warm_up``)."""
+        """oneDNN's GEMM kernels generated, and the oneDNN glue object built if new, on a
+        free core while the compile runs (``onednn_warm_up``, ``build.start_glue_object``)."""
+        from .build import start_glue_object
         from .onednn_warm_up import warm_up
 
         warm_up(options)
+        start_glue_object(options)
 
     def compile(
         self, graph: Graph, extra_symbols: list[str], options: Options, saved: dict | None = None

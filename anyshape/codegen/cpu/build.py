@@ -8,8 +8,10 @@ around it, ``dnnl_glue_object``) to the content-addressed build cache of
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
+import threading
 from importlib import resources
 from pathlib import Path
 
@@ -88,8 +90,8 @@ def build_library(
     """The path of a shared library built from ``source`` (from the cache when present);
     a large one is compiled as several translation units in parallel (``split_units``)."""
     options = options or Options.from_env()
-    linked = small_gemm_flags(options.small_gemm) if target is NATIVE else []
-    flags = FLAGS + list(target.flags) + blas_flags() + linked
+    flags = library_flags(target, options)
+    linked = "-DANYSHAPE_DNNL" in flags
     objects = [dnnl_glue_object(flags, options)] if linked and GLUE_MARK in source else []
     return build_cached(
         source,
@@ -101,21 +103,60 @@ def build_library(
     )
 
 
+def library_flags(target: Target, options: Options) -> list[str]:
+    """The compiler flags of a library for ``target``: oneDNN's for this machine only."""
+    linked = small_gemm_flags(options.small_gemm) if target is NATIVE else []
+    return FLAGS + list(target.flags) + blas_flags() + linked
+
+
 # What a unit with oneDNN call sites holds (dnnl.h): it then links the glue object.
 GLUE_MARK = "#define AS_GLUE_ENTRY"
+_glue_lock = threading.Lock()  # one build of the glue object at a time in a process
+_glue_started: set[tuple] = set()  # the (flags, cache, compiler) warm-ups started for
+_started_lock = threading.Lock()
 
 
 def dnnl_glue_object(flags: list[str], options: Options) -> Path:
     """The object file of the oneDNN glue (``dnnl.h``, ``dnnl_conv.h``, ``dnnl_matmul.h``
     with AS_DNNL_GLUE_OBJECT), built once per compiler and ``flags`` (the target's ISA
-    among them) into the cache: the units of a library declare what they call of it."""
+    among them) into the cache: the units of a library declare what they call of it.
+    A build under way (``start_glue_object``'s) is waited for, not repeated."""
     here = resources.files(__package__)
     headers = ("prelude.h", "dnnl.h", "dnnl_conv.h", "dnnl_matmul.h")
     source = "\n".join(
         ["#define AS_SPLIT_UNIT", "#define AS_DNNL_GLUE_OBJECT"]
         + [here.joinpath(h).read_text() for h in headers]
     )
-    return build_cached(source, "dnnl-glue", flags, options=options, compile_only=True)
+    with _glue_lock:
+        return build_cached(source, "dnnl-glue", flags, options=options, compile_only=True)
+
+
+def start_glue_object(options: Options) -> threading.Thread | None:
+    """The glue object for this machine built on a daemon thread, when the build links
+    oneDNN: a compile starts it before its capture, whose Python leaves a core free, so
+    the first compile on a machine (0.4 s for the object on a 2-core AMD EPYC) does
+    not wait for it. A failure there is left to the library's build, which raises it.
+    Once per process and cache; None when oneDNN is not linked or it started before."""
+    flags = library_flags(NATIVE, options)
+    wanted = (tuple(flags), options.cache_dir, options.cxx)
+    with _started_lock:
+        if "-DANYSHAPE_DNNL" not in flags or wanted in _glue_started:
+            return None
+        _glue_started.add(wanted)
+
+    def build() -> None:
+        try:
+            dnnl_glue_object(flags, options)
+        except Exception:  # (the library's own build meets it again and reports it)
+            pass
+
+    thread = threading.Thread(target=build, daemon=True)
+    try:
+        thread.start()
+    except RuntimeError:  # (no thread to be had: the library's build does the work)
+        return None
+    atexit.register(thread.join, 30)  # (an exit mid-build would leave its temporary folder)
+    return thread
 
 
 # Compile work per unit, in characters of kernel text (about 22 us each at -O3): each unit
