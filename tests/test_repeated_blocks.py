@@ -229,6 +229,57 @@ def test_blocks_differing_only_in_training_rates_are_copied_in_eval_mode():
     ]
 
 
+class RateZeroFirstBlock(DeepeningBlock):
+    """As transformers build SegFormer's stages: where the drop-path rate is 0, the first
+    layer holds ``nn.Identity`` in place of the drop path (and here of the dropout)."""
+
+    def __init__(self, width: int = 16, index: int = 0):
+        super().__init__(width, index)
+        if index == 0:
+            self.drop_path = torch.nn.Identity()
+            self.dropout = torch.nn.Identity()
+
+
+def test_identity_and_drop_path_are_alike_in_eval_mode():
+    """In eval mode a drop path and a dropout return their input, as the ``nn.Identity``
+    a model builds where the rate is 0: the first block is copied too."""
+    model = Stack(block=RateZeroFirstBlock)
+    assert find_repeated_blocks(model) == []
+    model.eval()
+    assert [[n for n, _ in g] for g in find_repeated_blocks(model)] == [
+        [f"blocks.{i}" for i in range(4)]
+    ]
+    captured = capture_export(model, _inputs(2, 6))
+    assert captured.stamped == 3
+    _program_agrees(captured, model)
+
+
+class DoublingDropPath(DropPath):
+    """Named and built as a drop path, but doubling its input in eval mode too."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+class DoublingBlock(RateZeroFirstBlock):
+    def __init__(self, width: int = 16, index: int = 0):
+        super().__init__(width, index)
+        if index > 0:
+            self.drop_path = DoublingDropPath(0.1 * index)
+
+
+def test_a_drop_path_that_computes_in_eval_mode_is_not_copied_wrong():
+    """A module named as a drop path that computes something in eval mode looks like the
+    first block's ``nn.Identity``: the blocks are grouped, and the stamped capture's
+    check against eager on random inputs catches the difference, so the model compiles
+    without copies and computes what eager does."""
+    model = Stack(block=DoublingBlock).eval()
+    assert len(find_repeated_blocks(model)) == 1
+    compiled = anyshape.optimize(model, _inputs(2, 6))
+    assert not any("repeated blocks copied" in f for f in compiled.report.facts)
+    _agree(model, compiled, [(1, 1), (2, 5), (3, 9)])
+
+
 class SharedInput(torch.nn.Module):
     """Blocks that read a tensor their parent leaves on a shared object, not an input."""
 

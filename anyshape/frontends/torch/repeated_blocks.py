@@ -46,7 +46,15 @@ POSITION_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_
 # and transformers' drop-path modules keep, rising with a block's depth) changes nothing a
 # module computes in eval mode, nor does a dropout's ``p``; blocks that differ only there
 # trace alike when captured for inference.
-TRAINING_ATTRIBUTES = frozenset({"drop_prob"})
+TRAINING_ATTRIBUTES = frozenset({"drop_prob", "scale_by_keep"})
+# Likewise a drop-path module (timm's ``DropPath``, transformers' ``<Model>DropPath``) and
+# a dropout return their input in eval mode, as ``nn.Identity``, which a model builds in
+# their place where the rate is 0 (SegFormer's first layer of each stage): in eval mode
+# the three are alike, their training-only state (a dropout's ``p`` and ``inplace``)
+# aside; any other state still tells them apart. (A stamped capture is checked against
+# eager on random inputs: a module so named that computes something in eval mode is
+# caught, not copied.)
+IDENTITY_IN_EVAL = "identity in eval mode"
 
 # Types a block's inputs and outputs may be built of, besides tensors (pytree containers
 # aside): values the copy can take from the first call because they are equal.
@@ -189,6 +197,7 @@ def _signature(module: torch.nn.Module):
     for name, sub in module.named_modules():
         if _has_hooks(sub, lambda hook: _recorder_key(hook) is not None):  # (per call)
             return None
+        identity = not sub.training and _identity_in_eval(sub)
         state = []
         for key, value in sorted(vars(sub).items()):
             if key in _MODULE_INTERNALS or key in POSITION_ATTRIBUTES:
@@ -198,7 +207,9 @@ def _signature(module: torch.nn.Module):
             if isinstance(value, torch.Tensor):
                 return None  # a tensor attribute outside the state dict: values may differ
             state.append((key, _comparable(value)))
-        parts.append((name, type(sub), sub.training, tuple(state)))
+        parts.append(
+            (name, IDENTITY_IN_EVAL if identity else type(sub), sub.training, tuple(state))
+        )
     for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
         parts.append((name, tuple(t.shape), t.dtype, t.requires_grad, t.device.type))
     try:
@@ -218,11 +229,21 @@ def _comparable(value):
     return ("id", id(value))
 
 
+def _identity_in_eval(module: torch.nn.Module) -> bool:
+    """Whether ``module`` returns its input in eval mode: an ``nn.Identity``, a dropout, a
+    drop-path module (``IDENTITY_IN_EVAL``); none with submodules."""
+    if next(module.children(), None) is not None:
+        return False
+    if isinstance(module, (torch.nn.Identity, torch.nn.modules.dropout._DropoutNd)):
+        return True
+    return type(module).__name__.endswith("DropPath") and hasattr(module, "drop_prob")
+
+
 def _steers_training_only(module: torch.nn.Module, key: str) -> bool:
     """Whether attribute ``key`` of ``module`` only matters while it trains."""
     if key in TRAINING_ATTRIBUTES:
         return True
-    return key == "p" and isinstance(module, torch.nn.modules.dropout._DropoutNd)
+    return key in ("p", "inplace") and isinstance(module, torch.nn.modules.dropout._DropoutNd)
 
 
 def _hooked_inside(module: torch.nn.Module) -> bool:
