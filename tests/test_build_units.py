@@ -254,3 +254,23 @@ def test_the_glue_object_is_built_while_a_compile_captures(tmp_path):
     assert cpu_build.dnnl_glue_object(flags, options) == glue
     unlinked = anyshape.config.Options(cache_dir=str(tmp_path / "b"), small_gemm="openblas")
     assert cpu_build.start_glue_object(unlinked) is None  # no oneDNN, no glue
+
+
+def test_a_child_forked_during_the_glue_build_builds_its_own(tmp_path):
+    """A process forked while the warm-up thread holds the glue object's lock (a server
+    forking its workers after a compile) does not wait forever on it in the child."""
+    import os
+
+    options = anyshape.config.Options(cache_dir=str(tmp_path))
+    flags = cpu_build.library_flags(cpu_build.NATIVE, options)
+    with cpu_build._glue_lock:  # (as the warm-up thread holds it while it builds)
+        pid = os.fork()
+        if pid == 0:  # the child: builds the object itself, then leaves at once
+            try:
+                cpu_build.dnnl_glue_object(flags, options)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert list(tmp_path.glob("dnnl-glue-*.o"))

@@ -116,6 +116,17 @@ _glue_started: set[tuple] = set()  # the (flags, cache, compiler) warm-ups start
 _started_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A child forked while a warm-up thread built the object inherits its lock held and
+    no thread to release it: it starts with fresh locks (and builds for itself)."""
+    global _glue_lock, _started_lock
+    _glue_lock, _started_lock = threading.Lock(), threading.Lock()
+    _glue_started.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def dnnl_glue_object(flags: list[str], options: Options) -> Path:
     """The object file of the oneDNN glue (``dnnl.h``, ``dnnl_conv.h``, ``dnnl_matmul.h``
     with AS_DNNL_GLUE_OBJECT), built once per compiler and ``flags`` (the target's ISA
