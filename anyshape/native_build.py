@@ -86,7 +86,8 @@ def build_cached(
     objects: Sequence[Path] = (),
     compile_only: bool = False,
 ) -> Path:
-    """Build ``source`` with ``flags`` into a cached shared library; ``language`` c or c++.
+    """Build ``source`` with ``flags`` into a cached shared library (or object file, with
+    ``compile_only``); ``language`` c or c++.
 
     ``split``: on a miss, the same program as translation units to compile in parallel
     and link (the CPU backend splits a large one; one unit: built whole). The key is
@@ -112,7 +113,8 @@ def build_cached(
     if dump and not compile_only:  # (an object is the runtime's own code, not generated)
         Path(dump).mkdir(parents=True, exist_ok=True)
         (Path(dump) / f"{name}-{key}{ext}").write_text(source)
-    bump("native_builds")
+    if not compile_only:  # (libraries only: an object is built once per machine, maybe
+        bump("native_builds")  # on a warm-up thread while another compile counts its own)
     with tempfile.TemporaryDirectory(dir=root) as tmp:
         out = Path(tmp) / f"graph{suffix}"
         failed = source
@@ -122,7 +124,7 @@ def build_cached(
                 cxx, language, units, Path(tmp), out, flags, [str(o) for o in objects]
             )
         else:
-            src = Path(tmp) / f"graph{ext}"
+            src, failed = Path(tmp) / f"graph{ext}", units[0]
             src.write_text(units[0])
             step = ["-c"] if compile_only else ["-x", "none", *map(str, objects)]
             error = _run([cxx, "-x", language, str(src), *step, "-o", str(out), *flags])

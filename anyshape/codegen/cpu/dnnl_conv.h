@@ -55,7 +55,6 @@ AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
   memset(e, 0, sizeof(*e));
 }
 
-
 AS_SETUP static bool as_conv_shape_make(const AsConvSite* s, int64_t h, int64_t w, AsConvShape* e) {
   memset(e, 0, sizeof(*e));
   e->h = h;
