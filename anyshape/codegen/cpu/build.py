@@ -148,7 +148,10 @@ def start_glue_object(options: Options) -> threading.Thread | None:
     the first compile on a machine (0.4 s for the object on a 2-core AMD EPYC) does
     not wait for it. A failure there is left to the library's build, which raises it.
     Once per process and cache; None when oneDNN is not linked or it started before."""
-    flags = library_flags(NATIVE, options)
+    try:
+        flags = library_flags(NATIVE, options)
+    except BuildError:  # (no BLAS: the library's build says so)
+        return None
     wanted = (tuple(flags), options.cache_dir, options.cxx)
     with _started_lock:
         if "-DANYSHAPE_DNNL" not in flags or wanted in _glue_started:
