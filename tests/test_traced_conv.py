@@ -54,6 +54,17 @@ def test_convolutions_are_recorded_as_torch_records_them():
     compiled_matches_eager(model, x, [(1, 3, 5, 4), (3, 3, 9, 11), (0, 3, 6, 6), (2, 3, 3, 5)])
 
 
+def test_a_convolution_of_no_input_channels_is_traced_as_torch_traces_it():
+    """Eager convolves an input of no channels into an output of no channels, whatever
+    the weight's output channels: torch's own trace says so, and the opaque form leaves
+    such a convolution to it."""
+    model = torch.nn.Conv2d(0, 4, 3, padding=1).eval()
+    x = torch.randn(2, 0, 5, 6)
+    dims = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO},)
+    assert recorded_through(opaque_ops, ("conv_opaque",), model, x, dims) == [0]
+    compiled_matches_eager(model, x, [(1, 0, 3, 3), (3, 0, 7, 1), (0, 0, 4, 4)])
+
+
 class Reduced(torch.nn.Module):
     """SegFormer's stage: a strided patch embedding, a sequence reduction whose kernel
     bounds the image size from below, and a depthwise convolution of a channels-last

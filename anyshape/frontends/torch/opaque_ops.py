@@ -328,7 +328,9 @@ def _conv_list(v, rank: int) -> list[int] | None:
 
 def _plain_conv(x, weight, bias, groups, rank: int, lists) -> bool:
     """Whether the opaque form takes this convolution: numeric arguments eager accepts,
-    plain tensors of one floating dtype, a weight of static shape and a bias to match."""
+    plain tensors of one floating dtype, a weight of static shape with input channels
+    (torch's fake gives a convolution of none an output of no channels, whatever the
+    weight says) and a bias to match."""
     if any(v is None for v in lists):
         return False
     stride, padding, dilation = lists
@@ -338,6 +340,7 @@ def _plain_conv(x, weight, bias, groups, rank: int, lists) -> bool:
         and weight.dtype.is_floating_point
         and x.dtype == weight.dtype
         and all(type(d) is int for d in weight.shape)
+        and weight.shape[1] > 0  # (no input channels: eager's output has none either)
         and type(groups) is int
         and groups > 0
         and weight.shape[0] % groups == 0

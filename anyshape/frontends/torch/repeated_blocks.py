@@ -45,7 +45,9 @@ POSITION_ATTRIBUTES = frozenset({"layer_idx", "layer_id", "layer_index", "layer_
 # Attributes that only steer training: a stochastic-depth rate (``drop_prob``, which timm's
 # and transformers' drop-path modules keep, rising with a block's depth) changes nothing a
 # module computes in eval mode, nor does a dropout's ``p``; blocks that differ only there
-# trace alike when captured for inference.
+# trace alike when captured for inference. The names are ignored on any module in eval
+# mode (a block may keep its rate itself); one that steers eval-mode computation after
+# all is caught by the stamped capture's check against eager.
 TRAINING_ATTRIBUTES = frozenset({"drop_prob", "scale_by_keep"})
 # Likewise a drop-path module (timm's ``DropPath``, transformers' ``<Model>DropPath``) and
 # a dropout return their input in eval mode, as ``nn.Identity``, which a model builds in
