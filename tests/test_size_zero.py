@@ -89,7 +89,13 @@ def test_transformers_bert_at_sequence_and_batch_zero():
         except RuntimeError as e:
             assert "ambiguous" in str(e)
             # torch.export resolved the -1 when it captured the view (it is s * 32 / 16,
-            # not -1, in the graph), so the compiled model computes the empty result
+            # not -1, in the graph), so the compiled model computes the empty result,
+            # unless the pooler's first token is past an empty sequence: eager's
+            # IndexError there (its view fails first), the prologue's check here
+            if s == 0:
+                with pytest.raises(anyshape.InputError, match="index 0 within dim 1"):
+                    opt(input_ids=ids, attention_mask=mask)
+                continue
             got = opt(input_ids=ids, attention_mask=mask)
             assert got.last_hidden_state.shape == (b, s, 32)
             continue
@@ -117,6 +123,35 @@ def test_max_and_argmax_over_an_empty_dim_raise_like_eager():
                 model(torch.randn(*shape))
             with pytest.raises((anyshape.InputError, RuntimeError), match="non-.?zero|empty"):
                 opt(torch.randn(*shape))
+
+
+def test_an_index_past_a_dim_raises_like_eager():
+    """``x[0]`` of an empty batch and ``x[:, -2]`` of a dim of 1 are eager's IndexError;
+    the prologue checks the index against the dim (it was read out of bounds), and the
+    error names the input, the dim and eager's reason. Indices in range compute."""
+
+    class First(torch.nn.Module):
+        def forward(self, x):
+            return x[0] * 2
+
+    class SecondLast(torch.nn.Module):
+        def forward(self, x):
+            return x[:, -2] + 1
+
+    for model, good, bad in [
+        (First(), [(1, 3, 4), (5, 2, 0)], [(0, 3, 4)]),
+        (SecondLast(), [(1, 2, 4), (0, 2, 1), (3, 7, 0)], [(2, 1, 4), (3, 0, 4)]),
+    ]:
+        opt = anyshape.optimize(model, (torch.randn(2, 3, 4),))
+        for shape in good:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(opt(x), model(x))
+        for shape in bad:
+            x = torch.randn(*shape)
+            with pytest.raises(IndexError, match="out of bounds"):
+                model(x)
+            with pytest.raises(anyshape.InputError, match=r"from input 'x' dim .*out of bounds"):
+                opt(x)
 
 
 def test_pixel_unshuffle_of_an_empty_input_has_the_documented_shape():

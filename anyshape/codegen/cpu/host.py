@@ -325,8 +325,13 @@ def _prologue(binder: ShapeBinder, extra_symbols: list[str]) -> list[str]:
         if not (g.lhs.free_symbols | g.rhs.free_symbols) <= bound:
             continue
         op = {"eq": "!=", "ne": "==", "le": ">"}[g.op]  # the violation
+        # (the sizes it reads and where each came from, as the Python binder says)
+        named = sorted(s for s in g.lhs.free_symbols | g.rhs.free_symbols if s in binder.origin)
+        where = ", ".join(f"{s}=%lld from {_cstr(binder._where(s))}" for s in named)
+        values = "".join(f", (long long)S_{s}" for s in named)
         lines.append(
             f'if ({c_int(g.lhs)} {op} {c_int(g.rhs)}) {{ snprintf(err, errlen, "shape '
-            f'constraint {_cstr(str(g))} ({_cstr(g.reason)}) does not hold"); return 1; }}'
+            f"constraint {_cstr(str(g))} ({_cstr(g.reason)}) does not hold"
+            f'{": " + where if named else ""}"{values}); return 1; }}'
         )
     return lines

@@ -127,6 +127,10 @@ def _narrow(ctx, x, dim, start, length):
 @lowering(aten.select.int, aten.select_copy.int)
 def _select(ctx, x, dim, index):
     dim = norm_dim(dim, x.rank)
+    if isinstance(index, int):  # (eager's IndexError: the prologue checks it per call)
+        need = index + 1 if index >= 0 else -index
+        why = f"{ctx.node.target}: index {index} within dim {dim}"
+        ctx.b.constraints.guard_le(need, x.shape[dim], why)
     if isinstance(index, int) and index < 0:
         index = as_dim(as_expr(x.shape[dim]) + index)
     s = slice_dim(ctx, x, dim, index, 1)
