@@ -63,6 +63,8 @@ def test_a_convolution_of_no_input_channels_is_traced_as_torch_traces_it():
     dims = ({0: torch.export.Dim.AUTO, 2: torch.export.Dim.AUTO, 3: torch.export.Dim.AUTO},)
     assert recorded_through(opaque_ops, ("conv_opaque",), model, x, dims) == [0]
     compiled_matches_eager(model, x, [(1, 0, 3, 3), (3, 0, 7, 1), (0, 0, 4, 4)])
+    compiled = anyshape.optimize(model, (x,))  # (compiled whole, no part left to PyTorch)
+    assert "fallbacks: none" in str(compiled.explain())
 
 
 class Reduced(torch.nn.Module):

@@ -504,7 +504,7 @@ def _reshape_groups(out_shape, in_shape) -> list[tuple[tuple[int, ...], tuple[in
 
 def _divides(a: SymExpr, b: SymExpr) -> bool:
     """``a`` divides ``b`` for every value of the symbols (a proper factor)."""
-    if a == b:
+    if a == b or (a.is_constant and a.constant_value == 0):  # (a static dim of 0: no factor)
         return False
     if a.is_constant and b.is_constant:
         av, bv = a.constant_value, b.constant_value

@@ -261,6 +261,9 @@ def _convolution(
 ):
     if transposed:
         raise UnsupportedError("transposed convolution")
+    if weight.shape[1] == 0:  # (no input channels: eager's output has no channels either)
+        out = ctx.out_type()
+        return ctx.full(0, out.shape, out.dtype)
     n = weight.rank - 2
     attrs = {"stride": _expand(stride, n), "padding": _expand(padding, n)}
     y = ctx.op("convolution", x, weight, dilation=_expand(dilation, n), groups=groups, **attrs)
