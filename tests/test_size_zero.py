@@ -154,6 +154,29 @@ def test_an_index_past_a_dim_raises_like_eager():
                 opt(x)
 
 
+def test_reflect_padding_wider_than_its_dim_raises_like_eager():
+    """Eager refuses a reflect padding as wide as its dim; torch traces it as index
+    arithmetic that checks nothing and assumes dims of 2 or more, so a padding of 1
+    left no guard and a dim of 1 computed a result. The capture records eager's check
+    (``eager_checks.py``): the prologue refuses, eager's message follows."""
+
+    class Reflect(torch.nn.Module):
+        def forward(self, x):
+            return F.pad(x, (1, 1, 2, 2), mode="reflect") * 2
+
+    model = Reflect()
+    opt = anyshape.optimize(model, (torch.randn(2, 3, 8, 9),))
+    for shape in [(1, 3, 3, 2), (2, 3, 5, 7), (0, 3, 4, 4)]:
+        x = torch.randn(*shape)
+        torch.testing.assert_close(opt(x), model(x))
+    for shape in [(2, 3, 3, 1), (2, 3, 2, 7), (2, 3, 1, 7)]:
+        x = torch.randn(*shape)
+        with pytest.raises(RuntimeError, match="Padding size should be less"):
+            model(x)
+        with pytest.raises(anyshape.InputError, match=r"from input 'x' dim .*Padding size"):
+            opt(x)
+
+
 def test_pixel_unshuffle_of_an_empty_input_has_the_documented_shape():
     """Eager's CPU kernel returns a zero-element input's own shape from pixel_unshuffle;
     its documentation, its meta function and CUDA give [n, c * r * r, h / r, w / r]. The

@@ -29,6 +29,8 @@ import torch.fx.config
 
 from ...errors import CaptureError, UnsupportedError, first_line
 from ...ir.constraints import Guard
+from .eager_checks import eager_checks
+from .eager_checks import guards as eager_guards
 from .export_guards import export_guards, finite_int, shape_env_of, slice_size_guards
 from .fake_cache_off import fake_tensor_cache_off
 from .fresh_writes import rewrite_fresh_writes
@@ -280,6 +282,7 @@ def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool 
             grad_mode,
             _quiet_specialization_log(ours),
             traced_forms(opaque=not grad),
+            eager_checks() as checks,
             fake_tensor_cache_off(),
             lean_tensor_metadata() if not grad else contextlib.nullcontext(),
         ):
@@ -287,6 +290,7 @@ def _export(model, args: tuple, kwargs: dict | None, dynamic_shapes, grad: bool 
                 model, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
         restore_traced_forms(ep)
+        ep._anyshape_eager_checks = checks  # (``capture_program`` makes them guards)
     except Exception as e:  # torch raises many types here; all mean "could not capture"
         raise CaptureError(
             f"torch.export could not capture {type(model).__name__}: {type(e).__name__}: "
@@ -308,6 +312,7 @@ def capture_program(ep, name: str = "the program", decompose: bool | None = None
     the ops as exported (``linear``, ``layer_norm``, ``gelu``, ``embedding``,
     ``scaled_dot_product_attention``) are the ones anyshape fuses best anyway.
     """
+    checks = eager_guards(ep, getattr(ep, "_anyshape_eager_checks", ()))
     rewritten = decompose is None and rewrite_fresh_writes(ep.graph)
     decomposed = not lowers_as_exported(ep.graph) if decompose is None else decompose
     if rewritten or decomposed:
@@ -328,7 +333,7 @@ def capture_program(ep, name: str = "the program", decompose: bool | None = None
     exact_pools = register_size_rewrites(env, ep.graph) if env is not None else False
     guards = export_guards(ep, exact_pools)
     known = {str(g) for g in guards}
-    guards += [g for g in slice_size_guards(gm) if str(g) not in known]
+    guards += [g for g in slice_size_guards(gm) + checks if str(g) not in known]
     return Captured(gm, ranges, ep, guards, decomposed)
 
 
