@@ -33,6 +33,9 @@ FLAGS = [
 ]
 
 
+DNNL_DEFINE = "-DANYSHAPE_DNNL"  # in a library's flags when it links oneDNN
+
+
 @functools.lru_cache(maxsize=1)
 def blas_flags() -> list[str]:
     try:
@@ -65,7 +68,7 @@ def small_gemm_flags(small_gemm: str = "onednn") -> list[str]:
         if f.name == "libdnnl.so.3":
             lib = Path(dist.locate_file(f)).resolve().parent
             return [
-                "-DANYSHAPE_DNNL",
+                DNNL_DEFINE,
                 f"-DAS_L3_BYTES={l3_cache_bytes()}",
                 f"-L{lib}",
                 f"-Wl,-rpath,{lib}",
@@ -91,8 +94,8 @@ def build_library(
     a large one is compiled as several translation units in parallel (``split_units``)."""
     options = options or Options.from_env()
     flags = library_flags(target, options)
-    linked = "-DANYSHAPE_DNNL" in flags
-    objects = [dnnl_glue_object(flags, options)] if linked and GLUE_MARK in source else []
+    linked = DNNL_DEFINE in flags and GLUE_MARK in source
+    objects = [dnnl_glue_object(flags, options)] if linked else []
     return build_cached(
         source,
         name,
@@ -132,14 +135,19 @@ def dnnl_glue_object(flags: list[str], options: Options) -> Path:
     with AS_DNNL_GLUE_OBJECT), built once per compiler and ``flags`` (the target's ISA
     among them) into the cache: the units of a library declare what they call of it.
     A build under way (``start_glue_object``'s) is waited for, not repeated."""
+    with _glue_lock:
+        return build_cached(_glue_source(), "dnnl-glue", flags, options=options, compile_only=True)
+
+
+@functools.cache
+def _glue_source() -> str:
+    """The glue object's one translation unit (read once: every library build asks)."""
     here = resources.files(__package__)
     headers = ("prelude.h", "dnnl.h", "dnnl_conv.h", "dnnl_matmul.h")
-    source = "\n".join(
+    return "\n".join(
         ["#define AS_SPLIT_UNIT", "#define AS_DNNL_GLUE_OBJECT"]
         + [here.joinpath(h).read_text() for h in headers]
     )
-    with _glue_lock:
-        return build_cached(source, "dnnl-glue", flags, options=options, compile_only=True)
 
 
 def start_glue_object(options: Options) -> threading.Thread | None:
@@ -154,7 +162,7 @@ def start_glue_object(options: Options) -> threading.Thread | None:
         return None
     wanted = (tuple(flags), options.cache_dir, options.cxx)
     with _started_lock:
-        if "-DANYSHAPE_DNNL" not in flags or wanted in _glue_started:
+        if DNNL_DEFINE not in flags or wanted in _glue_started:
             return None
         _glue_started.add(wanted)
 
@@ -251,4 +259,4 @@ def split_units(source: str, jobs: int, whole: bool = True) -> list[str]:
 def links_onednn(options: Options) -> bool:
     """Whether a library built for this machine links oneDNN (the package is installed and
     the ``small_gemm`` option does not turn it off): oneDNN routes then run."""
-    return "-DANYSHAPE_DNNL" in small_gemm_flags(options.small_gemm)
+    return DNNL_DEFINE in small_gemm_flags(options.small_gemm)

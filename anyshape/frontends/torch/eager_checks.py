@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ...ir.constraints import Guard
 from ...ir.symbolic import as_expr
+from .export_guards import shape_env_of
 from .swaps import on_capturing_thread, swapped
 from .symbols import sympy_to_expr
 
@@ -77,8 +78,6 @@ def _reflect_checks(x, pad, checks: list | None) -> None:
 
 def guards(ep, checks) -> list[Guard]:
     """The recorded checks as guards of the captured program ``ep`` (its symbols)."""
-    from .export_guards import shape_env_of
-
     env = shape_env_of(ep)
     out = []
     for size, least, why in checks:

@@ -131,8 +131,8 @@ def _select(ctx, x, dim, index):
         need = index + 1 if index >= 0 else -index
         why = f"{ctx.node.target}: index {index} within dim {dim}"
         ctx.b.constraints.guard_le(need, x.shape[dim], why)
-    if isinstance(index, int) and index < 0:
-        index = as_dim(as_expr(x.shape[dim]) + index)
+        if index < 0:
+            index = as_dim(as_expr(x.shape[dim]) + index)
     s = slice_dim(ctx, x, dim, index, 1)
     return ctx.reshape(s, ctx.out_type().shape)
 
