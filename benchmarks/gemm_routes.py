@@ -12,9 +12,8 @@ dynamic dim):
 - ``auto``: what anyshape picks (``as_matmul_pays`` and ``as_small_sgemm_fits`` in
   the CPU runtime, chosen from these measurements for the ISA oneDNN runs).
 
-To measure the AVX2 routes on an AVX-512 machine, restrict every library:
-``ONEDNN_MAX_CPU_ISA=AVX2 OPENBLAS_CORETYPE=Haswell`` and a ``CXX`` that builds
-for ``-march=x86-64-v3`` (docs/performance.md, "Restricting to AVX2").
+To measure the AVX2 routes on an AVX-512 machine, run it under
+``python -m benchmarks.avx2_only --`` (docs/performance.md, "Restricting to AVX2").
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,7 +50,21 @@ def machine() -> dict:
         "onnxruntime": _version("onnxruntime"),
         "openvino": _version("openvino"),
         "load_average": load_average(),
+        "isa": isa(),
     }
+
+
+def isa() -> str:
+    """The widest x86 vector ISA this process's libraries may use: "AVX-512", "AVX2", or
+    "AVX2 (capped)" under ``benchmarks.avx2_only`` on a machine with AVX-512."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    native = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "other"
+    if os.environ.get("ANYSHAPE_ISA_CAP") == "AVX2" and native == "AVX-512":
+        return "AVX2 (capped)"
+    return native
 
 
 def _version(module: str) -> str | None:

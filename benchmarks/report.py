@@ -123,7 +123,8 @@ def command_and_machine(results: dict, software: str) -> list[str]:
     m = results["machine"]
     return [
         f"Command: `{results['command']}`  ",
-        f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, torch {m['torch']} "
+        f"Machine: {m['cpu']} ({m.get('isa', 'ISA not recorded')}), {m['logical_cores']} "
+        f"logical cores, torch {m['torch']} "
         f"({m['torch_threads']} threads), {software}, "
         f"load average {m['load_average']} at start, {m['load_average_end']} at end  ",
     ]

@@ -1,0 +1,73 @@
+// The CPU as an AVX2-only machine sees it, for the peers' libraries: loaded with LD_PRELOAD by
+// `python -m benchmarks.avx2_only`, which has replaced each `cpuid` instruction (0f a2) in
+// copies of those libraries by `ud2` (0f 0b), the same length. Executing one raises SIGILL;
+// this handler runs the real `cpuid` for the same leaf and subleaf, clears the AVX-512 and
+// AMX feature bits of leaf 7, and resumes after the instruction. Every other `ud2` (one in
+// a library not patched, or a real trap) gets the default action, as without the handler.
+#define _GNU_SOURCE
+#include <cpuid.h>
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+// Leaf 7 subleaf 0. EBX: AVX512F 16, DQ 17, IFMA 21, PF 26, ER 27, CD 28, BW 30, VL 31.
+#define EBX_AVX512 ((1u << 16) | (1u << 17) | (1u << 21) | (1u << 26) | (1u << 27) | \
+                    (1u << 28) | (1u << 30) | (1u << 31))
+// ECX: VBMI 1, VBMI2 6, VNNI 11, BITALG 12, VPOPCNTDQ 14.
+#define ECX_AVX512 ((1u << 1) | (1u << 6) | (1u << 11) | (1u << 12) | (1u << 14))
+// EDX: 4VNNIW 2, 4FMAPS 3, VP2INTERSECT 8, AMX-BF16 22, FP16 23, AMX-TILE 24, AMX-INT8 25.
+#define EDX_AVX512 ((1u << 2) | (1u << 3) | (1u << 8) | (1u << 22) | (1u << 23) | \
+                    (1u << 24) | (1u << 25))
+// Leaf 7 subleaf 1, EAX: AVX512_BF16 5.
+#define EAX1_AVX512 (1u << 5)
+
+static const char* patched_dir;  // ANYSHAPE_AVX2_PATCHED: the folder of the patched copies
+static size_t patched_len;
+static volatile long masked_calls;
+
+// How many patched cpuid instructions ran (read with ctypes by the benchmark's report).
+long anyshape_avx2_cpuid_calls(void) { return masked_calls; }
+
+static void on_sigill(int sig, siginfo_t* info, void* context) {
+  ucontext_t* uc = (ucontext_t*)context;
+  greg_t* r = uc->uc_mcontext.gregs;
+  const unsigned char* ip = (const unsigned char*)r[REG_RIP];
+  Dl_info where;
+  if (patched_dir && ip[0] == 0x0f && ip[1] == 0x0b && dladdr(ip, &where) &&
+      where.dli_fname && strncmp(where.dli_fname, patched_dir, patched_len) == 0) {
+    const unsigned leaf = (unsigned)r[REG_RAX], subleaf = (unsigned)r[REG_RCX];
+    unsigned a, b, c, d;
+    __cpuid_count(leaf, subleaf, a, b, c, d);
+    if (leaf == 7 && subleaf == 0) {
+      b &= ~EBX_AVX512;
+      c &= ~ECX_AVX512;
+      d &= ~EDX_AVX512;
+    } else if (leaf == 7 && subleaf == 1) {
+      a &= ~EAX1_AVX512;
+    }
+    r[REG_RAX] = a;  // (cpuid writes the four registers zero-extended)
+    r[REG_RBX] = b;
+    r[REG_RCX] = c;
+    r[REG_RDX] = d;
+    r[REG_RIP] += 2;
+    __atomic_add_fetch(&masked_calls, 1, __ATOMIC_RELAXED);
+    return;
+  }
+  (void)sig;
+  (void)info;
+  signal(SIGILL, SIG_DFL);  // not ours: the instruction runs again and traps as it would have
+}
+
+__attribute__((constructor)) static void install(void) {
+  patched_dir = getenv("ANYSHAPE_AVX2_PATCHED");
+  patched_len = patched_dir ? strlen(patched_dir) : 0;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigill;
+  sa.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGILL, &sa, NULL);
+}

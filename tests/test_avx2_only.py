@@ -1,0 +1,113 @@
+"""``benchmarks.avx2_only``: a library whose ``cpuid`` is patched sees no AVX-512 and no AMX.
+
+A small library asks ``cpuid`` leaf 7 and leaf 0 itself. Its copy, patched, under the
+preloaded handler, answers as the CPU does with the AVX-512 and AMX bits cleared and the
+rest (the vendor string of leaf 0, the AVX2 bit) unchanged; the library as built answers
+with the CPU's own bits. A ``ud2`` outside the patched folder still traps.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from benchmarks import avx2_only
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or not shutil.which("objdump") or not shutil.which("gcc"),
+    reason="needs Linux on x86-64 with objdump and gcc",
+)
+
+ASKS_CPUID = r"""
+#include <cpuid.h>
+unsigned leaf(unsigned l, unsigned s, int reg) {
+  unsigned r[4];
+  __cpuid_count(l, s, r[0], r[1], r[2], r[3]);
+  return r[reg];
+}
+void trap(void) { __builtin_trap(); }
+"""
+
+READS = """
+import ctypes, sys
+lib = ctypes.CDLL(sys.argv[1])
+lib.leaf.restype = ctypes.c_uint
+print(lib.leaf(7, 0, 1), lib.leaf(7, 0, 2), lib.leaf(7, 0, 3), lib.leaf(7, 1, 0),
+      lib.leaf(0, 0, 1), lib.leaf(0, 0, 2), lib.leaf(0, 0, 3))
+if len(sys.argv) > 2:
+    lib.trap()
+"""
+
+AVX2 = 1 << 5  # leaf 7 EBX
+AVX512F, AVX512BW, AVX512VL = 1 << 16, 1 << 30, 1 << 31
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(the library as built, its patched copy, the patched folder)."""
+    root = tmp_path_factory.mktemp("avx2_only")
+    (root / "asks.c").write_text(ASKS_CPUID)
+    built = root / "asks.so"
+    subprocess.run(
+        ["gcc", "-O1", "-shared", "-fPIC", str(root / "asks.c"), "-o", str(built)], check=True
+    )
+    patched_dir = root / "patched"
+    patched_dir.mkdir()
+    patched = patched_dir / "asks.so"
+    shutil.copy(built, patched)
+    assert avx2_only.patch_library(patched) == 1  # one cpuid in leaf()
+    return built, patched, patched_dir
+
+
+def _read(library: Path, patched_dir: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {
+        "LD_PRELOAD": str(avx2_only.preload_library(root)),
+        "ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/",
+        "PATH": "/usr/bin:/bin",
+    }
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(READS), str(library), *extra],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+
+def test_patched_library_sees_no_avx512(libraries, tmp_path):
+    built, patched, patched_dir = libraries
+    real = _read(built, patched_dir, tmp_path)
+    seen = _read(patched, patched_dir, tmp_path)
+    assert real.returncode == 0 and seen.returncode == 0, real.stderr + seen.stderr
+    r_ebx, r_ecx, r_edx, r_eax1, *r_vendor = map(int, real.stdout.split())
+    ebx, ecx, edx, eax1, *vendor = map(int, seen.stdout.split())
+    assert vendor == r_vendor  # leaf 0 passes through
+    assert ebx & AVX2 == r_ebx & AVX2
+    assert ebx & (AVX512F | AVX512BW | AVX512VL) == 0
+    assert ebx & ~avx2_only_masks()[0] == r_ebx & ~avx2_only_masks()[0]
+    assert ecx & avx2_only_masks()[1] == 0 and edx & avx2_only_masks()[2] == 0
+    assert eax1 & (1 << 5) == 0  # AVX512_BF16
+    cpu_flags = Path("/proc/cpuinfo").read_text()
+    assert bool(r_ebx & AVX512F) == (" avx512f" in cpu_flags)  # the unpatched one sees the CPU
+
+
+def avx2_only_masks() -> tuple[int, int, int]:
+    """The leaf-7 masks of avx2_only.c, read from its source."""
+    text = Path(avx2_only.__file__).with_suffix(".c").read_text()
+    masks = []
+    for name in ("EBX_AVX512", "ECX_AVX512", "EDX_AVX512"):
+        body = text.split(f"#define {name} ", 1)[1].split("\n\n", 1)[0].split("//")[0]
+        bits = [int(b) for b in re.findall(r"1u << (\d+)", body)]
+        masks.append(sum(1 << b for b in bits))
+    return tuple(masks)
+
+
+def test_a_trap_outside_the_patched_folder_still_traps(libraries, tmp_path):
+    built, patched, patched_dir = libraries
+    done = _read(built, patched_dir, tmp_path, "trap")
+    assert done.returncode == -4  # SIGILL, as without the handler
