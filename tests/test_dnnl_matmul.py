@@ -90,7 +90,7 @@ def _avx512(opt) -> bool:
 @pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
 def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     """``dnnl_matmul="auto"``: below 4 rows oneDNN's sgemm path (BLAS) wins on every ISA;
-    with AVX-512 the matmul runs from 4 rows up; with AVX2 from 4 to 127 rows, for weights
+    with AVX-512 the matmul runs from 4 rows up; with AVX2 from 4 to 511 rows, for weights
     at most 3x wider than deep or cut into such panels of 256 columns or more
     (``as_matmul_pays``, ``as_matmul_panels``, measured per ISA): 16 x 64 has no such cut
     and takes BLAS; wide weights cut into panels run in a test of their own below."""
@@ -99,7 +99,7 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
     wide = n > 3 * k and _panels(k, n) == 1
     with torch.no_grad():
-        for rows, avx512, avx2 in [(1, 0, 0), (3, 0, 0), (4, 1, 1), (127, 1, 1), (128, 1, 0)]:
+        for rows, avx512, avx2 in [(1, 0, 0), (3, 0, 0), (4, 1, 1), (511, 1, 1), (512, 1, 0)]:
             x = torch.randn(1, rows, k)
             before = _runs(opt)
             _close(opt(x), model(x))
@@ -146,8 +146,10 @@ with torch.no_grad():
         for got, want in zip(opt(x), model(x)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert _runs(opt) - before == (2 if b * s else 0), (b, s)
-# ``auto``: panels of 256 run from 4 to 127 rows; a weight too narrow to cut takes BLAS.
-for k, n, rows, want in [(256, 1024, 8, 1), (256, 1024, 200, 0), (128, 512, 16, 0)]:
+# ``auto``: panels of 256 run from 4 to 511 rows; a weight too narrow to cut takes BLAS.
+for k, n, rows, want in [
+    (256, 1024, 8, 1), (256, 1024, 200, 1), (256, 1024, 600, 0), (128, 512, 16, 0)
+]:
     layer = torch.nn.Linear(k, n).eval()
     auto = anyshape.optimize(layer, (torch.randn(3, k),))
     x = torch.randn(rows, k)

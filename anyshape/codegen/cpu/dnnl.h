@@ -337,12 +337,13 @@ static bool as_dnnl_run(const_dnnl_primitive_t p, int n, const int* args,
 // rows of `plain` per task over the threads, 8x8 tiles through registers (as_transpose2d).
 // Repacking BERT-base's 72 linear weights into buffers already mapped took 44 ms this way
 // and 66 ms through oneDNN's reorder (2-core AMD EPYC, AVX-512).
-static void as_pack_transposed(const float* plain, int64_t rows, int64_t cols, float* packed) {
+static void as_pack_transposed(const float* plain, int64_t rows, int64_t cols, float* packed,
+                               int64_t ld) {
   const int64_t tasks = (rows + 63) / 64;
 #pragma omp parallel for schedule(static) if (rows * cols >= (1 << 16))
   for (int64_t t = 0; t < tasks; ++t) {
     const int64_t r0 = t * 64, n = as_min64(64, rows - r0);
-    as_transpose2d<float>(plain + r0 * cols, cols, packed + r0, rows, n, cols);
+    as_transpose2d<float>(plain + r0 * cols, cols, packed + r0, ld, n, cols);
   }
 }
 
@@ -373,7 +374,8 @@ static inline int64_t as_packed_panel_floats(const_dnnl_memory_desc_t md) {
 static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
                                       const_dnnl_memory_desc_t plain_md,
                                       const_dnnl_memory_desc_t md, int64_t panels = 1,
-                                      int64_t step = 0, int64_t rows = 0, int64_t cols = 0) {
+                                      int64_t step = 0, int64_t rows = 0, int64_t cols = 0,
+                                      int64_t ld = 0) {
   const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
   AsPackedWeights* p = nullptr;
   for (int64_t k = 0; k < c->npacked && !p; ++k)
@@ -400,7 +402,7 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
   for (int64_t k = 0; k < panels; ++k) {
     float* to = p->data + k * as_packed_panel_floats(md);
     if (rows > 0)
-      as_pack_transposed(plain + k * step, rows, cols, to);
+      as_pack_transposed(plain + k * step, rows, cols, to, ld ? ld : rows);
     else if (!as_dnnl_pack(plain_md, plain + k * step, p->md, to))
       return nullptr;
   }

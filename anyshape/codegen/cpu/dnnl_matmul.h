@@ -24,6 +24,7 @@ struct AsMatmulSite {
   bool made, broken;  // broken: oneDNN refused it, the caller's GEMM runs instead
   bool in_place;      // the primitive reads the weight as the model holds it: no copy
   bool transposes;    // its packed layout is the [n, k] weight's panel transposed, row-major
+  int64_t ld;         // ... with its rows this many floats apart (as_packed_ld)
 };
 
 // c[m, n] = a[m, k] @ w, or false (below); the site of a kernel for a [k, n] weight.
@@ -47,10 +48,14 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   T5's attention and down projections: 180-270 against 90-225), and loses on wider ones
 //   (512x2048, 768x3072: 100-165 against 150-230), which therefore run as panels of such
 //   a shape (as_matmul_panels: `n` here is a panel's width), and from 128 rows up (level
-//   or behind).
+//   or behind);
+// - with AVX2 and the packed panels' rows a cache line apart (as_packed_ld; Zen 4
+//   restricted to AVX2, T5's, BERT's and GPT-2's weights) it wins to 511 rows (at 128-256
+//   rows 205-223 against 173-209) and is level or behind from 512 rows (at 1024 rows
+//   179-214 against 204-213).
 static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n) {
   if (m < 4) return false;
-  return as_dnnl_avx512() || (m < 128 && n <= 3 * k);
+  return as_dnnl_avx512() || (m < 512 && n <= 3 * k);
 }
 
 // Column panels a [k, n] weight's matmul runs as: with AVX2, oneDNN's matmul on a weight
@@ -86,35 +91,66 @@ static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols, int64_t ld = 0) {
                                                                                         : nullptr;
 }
 
+// Row stride of a packed [k, np] panel that oneDNN reads row-major (its gemm:jit): np
+// floats and one cache line more. With rows exactly np apart, a stride of a power of two
+// or a multiple of 1 KB puts the rows a kernel reads together into few cache sets: on a
+// 2-core AMD EPYC (Zen 4) restricted to AVX2 (`python -m benchmarks.avx2_only -- python
+// -m benchmarks.gemm_routes`), T5-small's 512 x 512 at 64 rows ran at 124 GFLOP/s and
+// 201 with the line, 2048 x 512 125 -> 214, 3072 x 3072 at 32 rows 78 -> 173, BERT's
+// 768 x 768 168 -> 200; with AVX-512 level or a few percent faster (docs/performance.md).
+static inline int64_t as_packed_ld(int64_t np) { return np + 16; }
+
+// The matmul of one panel against weights laid out as `weights` (or AS_DNNL_TAG_ANY: the
+// layout oneDNN picks), into s->matmul, s->packed and s->scratch.
+AS_SETUP static bool as_matmul_with(AsMatmulSite* s, const_dnnl_memory_desc_t weights) {
+  const int64_t np = s->n / s->panels;
+  dnnl_memory_desc_t src = as_rows_md(AS_DNNL_RUNTIME_DIM, s->k);
+  dnnl_memory_desc_t dst = as_rows_md(AS_DNNL_RUNTIME_DIM, np, s->n);
+  dnnl_primitive_attr_t attr = nullptr;
+  dnnl_primitive_desc_t pd = nullptr;
+  bool ok =
+      src && dst && dnnl_primitive_attr_create(&attr) == 0 &&
+      dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
+      dnnl_matmul_primitive_desc_create(&pd, as_dnnl_engine(), src, weights, nullptr, dst, attr) == 0 &&
+      dnnl_primitive_create(&s->matmul, pd) == 0 &&
+      dnnl_memory_desc_clone(&s->packed, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_WEIGHTS_MD, 0)) == 0 &&
+      dnnl_memory_desc_clone(&s->scratch, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SCRATCHPAD_MD, 0)) == 0;
+  dnnl_memory_desc_t described[] = {src, dst};
+  as_dnnl_release(pd, attr, described, 2);
+  if (ok) s->scratch_bytes = as_round64((int64_t)dnnl_memory_desc_get_size(s->scratch));
+  return ok;
+}
+
 // The matmul of one panel (all of the weight without panels): weights [k, n / panels] read
-// with the whole weight's strides, the output's rows n apart.
+// with the whole weight's strides, the output's rows n apart. Where oneDNN reads the
+// packed panel row-major (its gemm:jit), the panel's rows are copied `as_packed_ld` apart.
 AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
   const int64_t np = s->n / s->panels;
   dnnl_dims_t wdims = {s->k, np};
   dnnl_dims_t wstrides = {s->transposed ? 1 : s->n, s->transposed ? s->k : 1};
-  dnnl_memory_desc_t src = as_rows_md(AS_DNNL_RUNTIME_DIM, s->k);
-  dnnl_memory_desc_t dst = as_rows_md(AS_DNNL_RUNTIME_DIM, np, s->n);
   dnnl_memory_desc_t any = nullptr;
-  dnnl_primitive_attr_t attr = nullptr;
-  dnnl_primitive_desc_t pd = nullptr;
   bool ok =
-      src && dst &&
       dnnl_memory_desc_create_with_strides(&s->plain, 2, wdims, AS_DNNL_F32, wstrides) == 0 &&
       dnnl_memory_desc_create_with_tag(&any, 2, wdims, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
-      dnnl_primitive_attr_create(&attr) == 0 &&
-      dnnl_primitive_attr_set_scratchpad_mode(attr, AS_DNNL_SCRATCHPAD_USER) == 0 &&
-      dnnl_matmul_primitive_desc_create(&pd, as_dnnl_engine(), src, any, nullptr, dst, attr) == 0 &&
-      dnnl_primitive_create(&s->matmul, pd) == 0 &&
-      dnnl_memory_desc_clone(&s->packed, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_WEIGHTS_MD, 0)) == 0 &&
-      dnnl_memory_desc_clone(&s->scratch, dnnl_primitive_desc_query_md(pd, AS_DNNL_QUERY_SCRATCHPAD_MD, 0)) == 0;
-  dnnl_memory_desc_t described[] = {src, dst, any};
-  as_dnnl_release(pd, attr, described, 3);
-  if (ok) s->scratch_bytes = as_round64((int64_t)dnnl_memory_desc_get_size(s->scratch));
+      as_matmul_with(s, any);
+  if (any) dnnl_memory_desc_destroy(any);
   if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed);
+  s->ld = np;
   if (ok && s->transposed && !s->in_place) {
     dnnl_memory_desc_t rows = as_rows_md(s->k, np);
     s->transposes = rows && dnnl_memory_desc_equal(rows, s->packed);
     if (rows) dnnl_memory_desc_destroy(rows);
+    dnnl_memory_desc_t padded = s->transposes ? as_rows_md(s->k, np, as_packed_ld(np)) : nullptr;
+    if (padded) {
+      dnnl_primitive_destroy(s->matmul);
+      dnnl_memory_desc_destroy(s->packed);
+      dnnl_memory_desc_destroy(s->scratch);
+      s->matmul = nullptr;
+      s->packed = s->scratch = nullptr;
+      ok = as_matmul_with(s, padded);
+      s->ld = as_packed_ld(np);
+      dnnl_memory_desc_destroy(padded);
+    }
   }
   return ok;
 }
@@ -144,7 +180,7 @@ AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* 
       s->broken     ? nullptr
       : s->in_place ? w
                     : as_packed_weights(&s->weights, w, s->plain, s->packed, panels, step,
-                                        s->transposes ? np : 0, s->k);
+                                        s->transposes ? np : 0, s->k, s->ld);
   pthread_mutex_unlock(&s->weights.mu);
   if (!packed || (packed == w && !s->in_place)) return false;
   const int64_t next = s->in_place ? step : as_packed_panel_floats(s->packed);
