@@ -122,8 +122,9 @@ AS_SETUP static bool as_matmul_with(AsMatmulSite* s, const_dnnl_memory_desc_t we
 }
 
 // The matmul of one panel (all of the weight without panels): weights [k, n / panels] read
-// with the whole weight's strides, the output's rows n apart. Where oneDNN reads the
-// packed panel row-major (its gemm:jit), the panel's rows are copied `as_packed_ld` apart.
+// with the whole weight's strides, the output's rows n apart. Where oneDNN reads a packed
+// panel row-major (its gemm:jit), the panel's rows are copied `as_packed_ld` apart (a
+// weight it reads in place, [k, n] as the model holds it and not cut, keeps its rows).
 AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
   const int64_t np = s->n / s->panels;
   dnnl_dims_t wdims = {s->k, np};
@@ -136,11 +137,12 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
   if (any) dnnl_memory_desc_destroy(any);
   if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed);
   s->ld = np;
-  if (ok && s->transposed && !s->in_place) {
+  if (ok && !s->in_place) {
     dnnl_memory_desc_t rows = as_rows_md(s->k, np);
-    s->transposes = rows && dnnl_memory_desc_equal(rows, s->packed);
+    const bool row_major = rows && dnnl_memory_desc_equal(rows, s->packed);
     if (rows) dnnl_memory_desc_destroy(rows);
-    dnnl_memory_desc_t padded = s->transposes ? as_rows_md(s->k, np, as_packed_ld(np)) : nullptr;
+    s->transposes = row_major && s->transposed;
+    dnnl_memory_desc_t padded = row_major ? as_rows_md(s->k, np, as_packed_ld(np)) : nullptr;
     if (padded) {
       dnnl_primitive_destroy(s->matmul);
       dnnl_memory_desc_destroy(s->packed);
