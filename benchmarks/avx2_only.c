@@ -3,7 +3,9 @@
 // copies of those libraries by `ud2` (0f 0b), the same length. Executing one raises SIGILL;
 // this handler runs the real `cpuid` for the same leaf and subleaf, clears the AVX-512 and
 // AMX feature bits of leaf 7, and resumes after the instruction. Every other `ud2` (one in
-// a library not patched, or a real trap) gets the default action, as without the handler.
+// a library not patched, or a real trap) goes to the handler the program installed for
+// SIGILL (this library keeps itself first: it wraps `sigaction`, so Python's faulthandler,
+// which pytest enables, still sees real traps), else gets the default action.
 #define _GNU_SOURCE
 #include <cpuid.h>
 #include <dlfcn.h>
@@ -27,6 +29,8 @@
 static const char* patched_dir;  // ANYSHAPE_AVX2_PATCHED: the folder of the patched copies
 static size_t patched_len;
 static volatile long masked_calls;
+static struct sigaction program_handler;  // what the program asked for SIGILL (default: SIG_DFL)
+static int (*real_sigaction)(int, const struct sigaction*, struct sigaction*);
 
 // How many patched cpuid instructions ran (read with ctypes by the benchmark's report).
 long anyshape_avx2_cpuid_calls(void) { return masked_calls; }
@@ -56,12 +60,34 @@ static void on_sigill(int sig, siginfo_t* info, void* context) {
     __atomic_add_fetch(&masked_calls, 1, __ATOMIC_RELAXED);
     return;
   }
-  (void)sig;
-  (void)info;
-  signal(SIGILL, SIG_DFL);  // not ours: the instruction runs again and traps as it would have
+  // Not ours: the program's handler, else the default action (the instruction runs again
+  // and traps as it would have).
+  if (program_handler.sa_flags & SA_SIGINFO) {
+    program_handler.sa_sigaction(sig, info, context);
+  } else if (program_handler.sa_handler != SIG_DFL && program_handler.sa_handler != SIG_IGN) {
+    program_handler.sa_handler(sig);
+  } else {
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    real_sigaction(SIGILL, &dfl, NULL);
+  }
+}
+
+// The program's SIGILL handler is recorded, and served from on_sigill, instead of
+// replacing it.
+int sigaction(int signum, const struct sigaction* act, struct sigaction* oldact) {
+  if (!real_sigaction)
+    real_sigaction = (int (*)(int, const struct sigaction*, struct sigaction*))dlsym(RTLD_NEXT, "sigaction");
+  if (signum != SIGILL || !patched_dir) return real_sigaction(signum, act, oldact);
+  if (oldact) *oldact = program_handler;
+  if (act) program_handler = *act;
+  return 0;
 }
 
 __attribute__((constructor)) static void install(void) {
+  real_sigaction = (int (*)(int, const struct sigaction*, struct sigaction*))dlsym(RTLD_NEXT, "sigaction");
+  program_handler.sa_handler = SIG_DFL;
   patched_dir = getenv("ANYSHAPE_AVX2_PATCHED");
   patched_len = patched_dir ? strlen(patched_dir) : 0;
   struct sigaction sa;
@@ -69,5 +95,5 @@ __attribute__((constructor)) static void install(void) {
   sa.sa_sigaction = on_sigill;
   sa.sa_flags = SA_SIGINFO | SA_NODEFER;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGILL, &sa, NULL);
+  real_sigaction(SIGILL, &sa, NULL);
 }

@@ -65,14 +65,16 @@ def libraries(tmp_path_factory) -> tuple[Path, Path, Path]:
     return built, patched, patched_dir
 
 
-def _read(library: Path, patched_dir: Path, root: Path, *extra: str) -> subprocess.CompletedProcess:
+def _read(
+    library: Path, patched_dir: Path, root: Path, *extra: str, python: tuple = ()
+) -> subprocess.CompletedProcess:
     env = {
         "LD_PRELOAD": str(avx2_only.preload_library(root)),
         "ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/",
         "PATH": "/usr/bin:/bin",
     }
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(READS), str(library), *extra],
+        [sys.executable, *python, "-c", textwrap.dedent(READS), str(library), *extra],
         capture_output=True,
         text=True,
         env=env,
@@ -111,3 +113,16 @@ def test_a_trap_outside_the_patched_folder_still_traps(libraries, tmp_path):
     built, patched, patched_dir = libraries
     done = _read(built, patched_dir, tmp_path, "trap")
     assert done.returncode == -4  # SIGILL, as without the handler
+
+
+def test_faulthandler_keeps_the_patched_cpuid_and_sees_real_traps(libraries, tmp_path):
+    """Python's faulthandler (pytest enables it) installs its own SIGILL handler after the
+    preloaded one: patched cpuid still answers, and a real trap reaches faulthandler."""
+    built, patched, patched_dir = libraries
+    with_handler = ("-X", "faulthandler")
+    seen = _read(patched, patched_dir, tmp_path, python=with_handler)
+    assert seen.returncode == 0, seen.stderr
+    assert int(seen.stdout.split()[0]) & AVX512F == 0
+    trapped = _read(built, patched_dir, tmp_path, "trap", python=with_handler)
+    assert trapped.returncode == -4
+    assert "Fatal Python error" in trapped.stderr and "Illegal instruction" in trapped.stderr
