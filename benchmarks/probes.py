@@ -67,6 +67,17 @@ def isa() -> str:
     return native
 
 
+def capped_cpuid_calls() -> int | None:
+    """How many cpuid instructions of the peers' patched libraries ran so far, each
+    answered without AVX-512 (``benchmarks.avx2_only``); None outside that tool."""
+    import ctypes
+
+    try:
+        return int(ctypes.CDLL(None).anyshape_avx2_cpuid_calls())
+    except (AttributeError, OSError):
+        return None
+
+
 def _version(module: str) -> str | None:
     try:
         return __import__(module).__version__

@@ -118,12 +118,20 @@ def header(results: dict) -> str:
     )
 
 
+def _isa(machine: dict) -> str:
+    """The ISA the run's libraries used, with the peers' cpuid calls answered without
+    AVX-512 under ``benchmarks.avx2_only``."""
+    isa = machine.get("isa", "ISA not recorded")
+    calls = machine.get("capped_cpuid_calls")
+    return f"{isa}, {calls} cpuid calls of ONNX Runtime and OpenVINO capped" if calls else isa
+
+
 def command_and_machine(results: dict, software: str) -> list[str]:
     """The header's first lines: the command, and the machine with ``software``'s versions."""
     m = results["machine"]
     return [
         f"Command: `{results['command']}`  ",
-        f"Machine: {m['cpu']} ({m.get('isa', 'ISA not recorded')}), {m['logical_cores']} "
+        f"Machine: {m['cpu']} ({_isa(m)}), {m['logical_cores']} "
         f"logical cores, torch {m['torch']} "
         f"({m['torch_threads']} threads), {software}, "
         f"load average {m['load_average']} at start, {m['load_average_end']} at end  ",

@@ -258,6 +258,7 @@ def run(settings: Settings, command: str = "") -> dict:
     with _fresh_caches(settings.fresh_caches):
         sections = _run_all(settings, limits)
     machine["load_average_end"] = probes.load_average()
+    machine["capped_cpuid_calls"] = probes.capped_cpuid_calls()
     return {
         "command": command,
         "settings": asdict(settings),

@@ -126,3 +126,31 @@ def test_faulthandler_keeps_the_patched_cpuid_and_sees_real_traps(libraries, tmp
     trapped = _read(built, patched_dir, tmp_path, "trap", python=with_handler)
     assert trapped.returncode == -4
     assert "Fatal Python error" in trapped.stderr and "Illegal instruction" in trapped.stderr
+
+
+def test_the_report_counts_the_capped_cpuid_calls(libraries, tmp_path):
+    """``probes.capped_cpuid_calls``, which the benchmark's report prints: the patched
+    calls made so far under the tool, None without it."""
+    built, patched, patched_dir = libraries
+    ask = (
+        "import ctypes, sys; from benchmarks import probes; "
+        "ctypes.CDLL(sys.argv[1]).leaf(7, 0, 1); print(probes.capped_cpuid_calls())"
+    )
+    root = Path(avx2_only.__file__).resolve().parent.parent
+    env = {
+        "LD_PRELOAD": str(avx2_only.preload_library(tmp_path)),
+        "ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/",
+        "PYTHONPATH": str(root),
+        "PATH": "/usr/bin:/bin",
+    }
+    capped = subprocess.run(
+        [sys.executable, "-c", ask, str(patched)], capture_output=True, text=True, env=env
+    )
+    assert capped.returncode == 0, capped.stderr
+    assert capped.stdout.split() == ["1"]
+    del env["LD_PRELOAD"]
+    plain = subprocess.run(
+        [sys.executable, "-c", ask, str(built)], capture_output=True, text=True, env=env
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.split() == ["None"]
