@@ -24,7 +24,7 @@ struct AsMatmulSite {
   bool made, broken;  // broken: oneDNN refused it, the caller's GEMM runs instead
   bool in_place;      // the primitive reads the weight as the model holds it: no copy
   bool transposes;    // its packed layout is the [n, k] weight's panel transposed, row-major
-  int64_t ld;         // ... with its rows this many floats apart (as_packed_ld)
+  int64_t ld;         // a packed panel's rows this many floats apart (as_packed_ld)
 };
 
 // c[m, n] = a[m, k] @ w, or false (below); the site of a kernel for a [k, n] weight.
