@@ -1,11 +1,12 @@
 // The CPU as an AVX2-only machine sees it, for the peers' libraries: loaded with LD_PRELOAD by
 // `python -m benchmarks.avx2_only`, which has replaced each `cpuid` instruction (0f a2) in
-// copies of those libraries by `ud2` (0f 0b), the same length. Executing one raises SIGILL;
-// this handler runs the real `cpuid` for the same leaf and subleaf, clears the AVX-512 and
-// AMX feature bits of leaf 7, and resumes after the instruction. Every other `ud2` (one in
-// a library not patched, or a real trap) goes to the handler the program installed for
-// SIGILL (this library keeps itself first: it wraps `sigaction`, so Python's faulthandler,
-// which pytest enables, still sees real traps), else gets the default action.
+// copies of those libraries by `ud0` (0f ff), an undefined opcode compilers never emit (the
+// tool checks): executing one raises SIGILL. This handler runs the real `cpuid` for the
+// same leaf and subleaf, clears the AVX-512, AVX10 and AMX feature bits of leaf 7, and
+// resumes 2 bytes on. Any other SIGILL (a real trap, a signal sent) goes to the handler
+// the program installed (this library keeps itself first: it wraps `sigaction` and
+// `signal`, so Python's faulthandler, which pytest enables, still sees real traps), else
+// gets the default action.
 #define _GNU_SOURCE
 #include <cpuid.h>
 #include <dlfcn.h>
@@ -23,8 +24,9 @@
 // EDX: 4VNNIW 2, 4FMAPS 3, VP2INTERSECT 8, AMX-BF16 22, FP16 23, AMX-TILE 24, AMX-INT8 25.
 #define EDX_AVX512 ((1u << 2) | (1u << 3) | (1u << 8) | (1u << 22) | (1u << 23) | \
                     (1u << 24) | (1u << 25))
-// Leaf 7 subleaf 1, EAX: AVX512_BF16 5.
-#define EAX1_AVX512 (1u << 5)
+// Leaf 7 subleaf 1. EAX: AVX512_BF16 5, AMX-FP16 21. EDX: AMX-COMPLEX 8, AVX10 19.
+#define EAX1_AVX512 ((1u << 5) | (1u << 21))
+#define EDX1_AVX512 ((1u << 8) | (1u << 19))
 
 static const char* patched_dir;  // ANYSHAPE_AVX2_PATCHED: the folder of the patched copies
 static size_t patched_len;
@@ -40,7 +42,7 @@ static void on_sigill(int sig, siginfo_t* info, void* context) {
   greg_t* r = uc->uc_mcontext.gregs;
   const unsigned char* ip = (const unsigned char*)r[REG_RIP];
   Dl_info where;
-  if (patched_dir && ip[0] == 0x0f && ip[1] == 0x0b && dladdr(ip, &where) &&
+  if (patched_dir && info->si_code > 0 && ip[0] == 0x0f && ip[1] == 0xff && dladdr(ip, &where) &&
       where.dli_fname && strncmp(where.dli_fname, patched_dir, patched_len) == 0) {
     const unsigned leaf = (unsigned)r[REG_RAX], subleaf = (unsigned)r[REG_RCX];
     unsigned a, b, c, d;
@@ -51,6 +53,9 @@ static void on_sigill(int sig, siginfo_t* info, void* context) {
       d &= ~EDX_AVX512;
     } else if (leaf == 7 && subleaf == 1) {
       a &= ~EAX1_AVX512;
+      d &= ~EDX1_AVX512;
+    } else if (leaf == 0x24) {  // the AVX10 leaf, reported only with the AVX10 bit
+      a = b = c = d = 0;
     }
     r[REG_RAX] = a;  // (cpuid writes the four registers zero-extended)
     r[REG_RBX] = b;
@@ -60,33 +65,64 @@ static void on_sigill(int sig, siginfo_t* info, void* context) {
     __atomic_add_fetch(&masked_calls, 1, __ATOMIC_RELAXED);
     return;
   }
-  // Not ours: the program's handler, else the default action (the instruction runs again
-  // and traps as it would have).
-  if (program_handler.sa_flags & SA_SIGINFO) {
-    program_handler.sa_sigaction(sig, info, context);
-  } else if (program_handler.sa_handler != SIG_DFL && program_handler.sa_handler != SIG_IGN) {
-    program_handler.sa_handler(sig);
-  } else {
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    real_sigaction(SIGILL, &dfl, NULL);
+  // Not ours: the program's handler; else a real trap gets the default action (the
+  // instruction runs again and traps as it would have), a signal sent is raised again
+  // under it, or dropped when the program ignores SIGILL.
+  const struct sigaction h = program_handler;
+  if (h.sa_handler == SIG_IGN && info->si_code <= 0) return;
+  if (h.sa_handler != SIG_DFL && h.sa_handler != SIG_IGN) {
+    if (h.sa_flags & SA_SIGINFO)
+      h.sa_sigaction(sig, info, context);
+    else
+      h.sa_handler(sig);
+    return;
   }
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  real_sigaction(SIGILL, &dfl, NULL);
+  if (info->si_code <= 0) raise(SIGILL);
+}
+
+static void find_real_sigaction(void) {
+  if (!real_sigaction)
+    real_sigaction = (int (*)(int, const struct sigaction*, struct sigaction*))dlsym(RTLD_NEXT, "sigaction");
 }
 
 // The program's SIGILL handler is recorded, and served from on_sigill, instead of
 // replacing it.
 int sigaction(int signum, const struct sigaction* act, struct sigaction* oldact) {
-  if (!real_sigaction)
-    real_sigaction = (int (*)(int, const struct sigaction*, struct sigaction*))dlsym(RTLD_NEXT, "sigaction");
+  find_real_sigaction();
   if (signum != SIGILL || !patched_dir) return real_sigaction(signum, act, oldact);
+  const struct sigaction asked = act ? *act : program_handler;  // (act may be oldact)
   if (oldact) *oldact = program_handler;
-  if (act) program_handler = *act;
+  program_handler = asked;
   return 0;
 }
 
+// signal() and its variants reach glibc's sigaction internally: recorded the same way.
+static sighandler_t record_handler(int signum, sighandler_t handler, int flags) {
+  find_real_sigaction();
+  struct sigaction act, old;
+  memset(&act, 0, sizeof act);
+  act.sa_handler = handler;
+  act.sa_flags = flags;
+  sigemptyset(&act.sa_mask);
+  if (signum == SIGILL && patched_dir) {
+    old = program_handler;
+    program_handler = act;
+    return (old.sa_flags & SA_SIGINFO) ? (sighandler_t)old.sa_sigaction : old.sa_handler;
+  }
+  return real_sigaction(signum, &act, &old) == 0 ? old.sa_handler : SIG_ERR;
+}
+sighandler_t signal(int signum, sighandler_t handler) { return record_handler(signum, handler, SA_RESTART); }
+sighandler_t bsd_signal(int signum, sighandler_t handler) { return record_handler(signum, handler, SA_RESTART); }
+sighandler_t sysv_signal(int signum, sighandler_t handler) {
+  return record_handler(signum, handler, SA_RESETHAND | SA_NODEFER);
+}
+
 __attribute__((constructor)) static void install(void) {
-  real_sigaction = (int (*)(int, const struct sigaction*, struct sigaction*))dlsym(RTLD_NEXT, "sigaction");
+  find_real_sigaction();
   program_handler.sa_handler = SIG_DFL;
   patched_dir = getenv("ANYSHAPE_AVX2_PATCHED");
   patched_len = patched_dir ? strlen(patched_dir) : 0;

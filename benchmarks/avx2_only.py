@@ -10,9 +10,11 @@ when every library in the process picks its AVX2 kernels.
   functions by ``GLIBC_TUNABLES``.
 - ONNX Runtime's MLAS and OpenVINO choose their kernels from ``cpuid`` and have no
   such variable: the packages are copied into the folder with every ``cpuid``
-  instruction of their shared libraries (found by ``objdump``) replaced by ``ud2``,
-  and ``avx2_only.c``, preloaded, answers each one as the CPU would with the AVX-512
-  and AMX feature bits cleared. The copies come first on ``PYTHONPATH``.
+  instruction of their shared libraries (found by ``objdump``) replaced by ``ud0``, an
+  undefined opcode no compiler emits (a library holding one is refused), and
+  ``avx2_only.c``, preloaded, answers each one as the CPU would with the AVX-512, AVX10
+  and AMX feature bits cleared. The copies come first on ``PYTHONPATH`` (so not with
+  ``python -I`` or ``-E``).
 
 The folder (default ``/tmp/anyshape-avx2``) keeps the copies, the preloaded library,
 the compiler wrapper and anyshape's cache for such builds; a copy is made again when
@@ -41,8 +43,9 @@ CAPS = {
     "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX512F,-AVX512VL,-AVX512BW,-AVX512CD,-AVX512DQ",
     "ANYSHAPE_ISA_CAP": "AVX2",
 }
-CPUID, UD2 = b"\x0f\xa2", b"\x0f\x0b"
+CPUID, UD0 = b"\x0f\xa2", b"\x0f\xff"
 _CPUID_LINE = re.compile(r"^\s*([0-9a-f]+):\s+cpuid\s*$", re.M)
+_UD0_LINE = re.compile(r"^\s*[0-9a-f]+:\s+ud0\b", re.M)
 _SECTION_LINE = re.compile(
     r"^\s*\d+\s+(\S+)\s+([0-9a-f]+)\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)\s", re.M
 )
@@ -57,6 +60,8 @@ def cpuid_offsets(library: Path) -> list[int]:
         text=True,
         check=True,
     ).stdout
+    if _UD0_LINE.search(dump):  # (the handler would take it for a patched cpuid)
+        raise RuntimeError(f"{library} holds a ud0 instruction: it cannot be patched")
     addresses = [int(a, 16) for a in _CPUID_LINE.findall(dump)]
     if not addresses:
         return []
@@ -75,7 +80,7 @@ def cpuid_offsets(library: Path) -> list[int]:
 
 
 def patch_library(library: Path) -> int:
-    """Replace each ``cpuid`` in ``library`` (a copy) by ``ud2``; how many."""
+    """Replace each ``cpuid`` in ``library`` (a copy) by ``ud0``; how many."""
     offsets = cpuid_offsets(library)
     if not offsets:
         return 0
@@ -83,7 +88,7 @@ def patch_library(library: Path) -> int:
     for o in offsets:
         if data[o : o + 2] != CPUID:
             raise RuntimeError(f"{library}: no cpuid at offset {o:#x}")
-        data[o : o + 2] = UD2
+        data[o : o + 2] = UD0
     library.write_bytes(bytes(data))
     return len(offsets)
 
@@ -106,14 +111,14 @@ def patched_copy(package: str, folder: Path) -> tuple[Path, int] | None:
     stamp = _stamp(source)
     if stamp_file.exists() and target.exists():
         recorded = json.loads(stamp_file.read_text())
-        if recorded["source"] == stamp:
+        if recorded["source"] == stamp and recorded.get("with") == UD0.hex():
             return target, recorded["patched"]
     shutil.rmtree(target, ignore_errors=True)
     shutil.copytree(source, target, symlinks=True)
     libraries = [p for p in target.rglob("*.so*") if p.is_file() and not p.is_symlink()]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         patched = sum(pool.map(patch_library, libraries))
-    stamp_file.write_text(json.dumps({"source": stamp, "patched": patched}))
+    stamp_file.write_text(json.dumps({"source": stamp, "patched": patched, "with": UD0.hex()}))
     return target, patched
 
 

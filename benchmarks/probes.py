@@ -63,6 +63,8 @@ def isa() -> str:
         flags = ""
     native = "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "other"
     if os.environ.get("ANYSHAPE_ISA_CAP") == "AVX2" and native == "AVX-512":
+        if capped_cpuid_calls() is None:  # (the preloaded handler is not in this process)
+            return "AVX-512 (an AVX2 cap asked for but not in effect)"
         return "AVX2 (capped)"
     return native
 

@@ -109,10 +109,40 @@ def avx2_only_masks() -> tuple[int, int, int]:
     return tuple(masks)
 
 
-def test_a_trap_outside_the_patched_folder_still_traps(libraries, tmp_path):
+def test_real_traps_still_trap(libraries, tmp_path):
+    """A trap (``ud2``) outside the patched folder, or inside a patched library, is not
+    taken for a patched cpuid: SIGILL, as without the handler."""
     built, patched, patched_dir = libraries
-    done = _read(built, patched_dir, tmp_path, "trap")
-    assert done.returncode == -4  # SIGILL, as without the handler
+    for library in (built, patched):
+        done = _read(library, patched_dir, tmp_path, "trap")
+        assert done.returncode == -4, (library, done.stdout, done.stderr)
+
+
+def test_a_handler_installed_with_signal_keeps_the_patched_cpuid(libraries, tmp_path):
+    """libc's ``signal()`` (which reaches ``sigaction`` inside glibc, past the wrapper)
+    records the program's handler too: patched cpuid still answers, bits cleared."""
+    built, patched, patched_dir = libraries
+    installs = (
+        "import ctypes, sys; libc = ctypes.CDLL(None); "
+        "H = ctypes.CFUNCTYPE(None, ctypes.c_int); h = H(lambda s: None); "
+        "libc.signal.restype = ctypes.c_void_p; libc.signal(4, h); "
+        "lib = ctypes.CDLL(sys.argv[1]); lib.leaf.restype = ctypes.c_uint; "
+        "print(lib.leaf(7, 0, 1))"
+    )
+    env = {
+        "LD_PRELOAD": str(avx2_only.preload_library(tmp_path)),
+        "ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/",
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", installs, str(patched)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,  # (without the wrapper the handler returns to the same ud0 forever)
+    )
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) & AVX512F == 0
 
 
 def test_faulthandler_keeps_the_patched_cpuid_and_sees_real_traps(libraries, tmp_path):

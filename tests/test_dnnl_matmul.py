@@ -326,3 +326,33 @@ def test_explain_names_the_gemms_onednn_runs():
     text = str(opt.explain())
     for name in ("up.weight", "down.weight", "w"):
         assert f"[oneDNN matmul where it wins, weight {name}]" in text
+
+
+class StridedWeights(torch.nn.Module):
+    """Weights whose plain row strides oneDNN reads slowly: a [k, n] weight 1024 wide
+    (packed, not read in place) and a linear layer 1008 wide (packed rows 1040 apart,
+    not 1024: ``as_packed_ld``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(40, 1024) / 8)
+        self.lin = torch.nn.Linear(40, 1008)
+
+    def forward(self, x):
+        return x @ self.w, self.lin(x)
+
+
+def test_weights_with_slow_strides_are_packed_and_follow_changes():
+    torch.manual_seed(4)
+    model = StridedWeights().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 40),), dnnl_matmul="always")
+    with torch.no_grad():
+        for step, rows in enumerate([1, 5, 64, 0, 300]):
+            if step == 3:
+                model.w.mul_(-1.5)  # the packed copy follows the live weight
+                model.lin.weight.mul_(0.5)
+            x = torch.randn(rows, 40)
+            before = _runs(opt)
+            for got, want in zip(opt(x), model(x)):
+                _close(got, want)
+            assert _runs(opt) - before == (2 if rows else 0), rows

@@ -92,13 +92,22 @@ static dnnl_memory_desc_t as_rows_md(int64_t m, int64_t cols, int64_t ld = 0) {
 }
 
 // Row stride of a packed [k, np] panel that oneDNN reads row-major (its gemm:jit): np
-// floats and one cache line more. With rows exactly np apart, a stride of a power of two
-// or a multiple of 1 KB puts the rows a kernel reads together into few cache sets: on a
-// 2-core AMD EPYC (Zen 4) restricted to AVX2 (`python -m benchmarks.avx2_only -- python
-// -m benchmarks.gemm_routes`), T5-small's 512 x 512 at 64 rows ran at 124 GFLOP/s and
-// 201 with the line, 2048 x 512 125 -> 214, 3072 x 3072 at 32 rows 78 -> 173, BERT's
-// 768 x 768 168 -> 200; with AVX-512 level or a few percent faster (docs/performance.md).
-static inline int64_t as_packed_ld(int64_t np) { return np + 16; }
+// rounded up to 16 floats and one cache line more, never a multiple of 1 KB. With rows a
+// power of two or a multiple of 1 KB apart, the rows a kernel reads together share few
+// cache sets: on a 2-core AMD EPYC (Zen 4) restricted to AVX2 (`python -m
+// benchmarks.avx2_only -- python -m benchmarks.gemm_routes`), T5-small's 512 x 512 at 64
+// rows ran at 124 GFLOP/s rows 512 apart and 201 rows 528 apart, 2048 x 512 125 -> 214,
+// 3072 x 3072 at 32 rows 78 -> 173, BERT's 768 x 768 168 -> 200, 768 x 1008 with rows
+// 1024 apart 98 against 196-210 at 1040; with AVX-512 level or a few percent faster.
+static inline int64_t as_packed_ld(int64_t np) {
+  const int64_t ld = (np + 15) / 16 * 16 + 16;
+  return ld % 256 == 0 ? ld + 16 : ld;
+}
+
+// Whether oneDNN reads a [k, n] weight in place, rows n floats apart, without the slow
+// strides above: n not a multiple of 512 floats (GPT-2's 768 and 2304 read in place at
+// full speed; 1024 and 2048 at half, restricted to AVX2), else it gets a packed copy.
+static inline bool as_fine_in_place(int64_t n) { return n % 512 != 0; }
 
 // The matmul of one panel against weights laid out as `weights` (or AS_DNNL_TAG_ANY: the
 // layout oneDNN picks), into s->matmul, s->packed and s->scratch.
@@ -134,8 +143,7 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
       dnnl_memory_desc_create_with_strides(&s->plain, 2, wdims, AS_DNNL_F32, wstrides) == 0 &&
       dnnl_memory_desc_create_with_tag(&any, 2, wdims, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
       as_matmul_with(s, any);
-  if (any) dnnl_memory_desc_destroy(any);
-  if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed);
+  if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed) && as_fine_in_place(s->n);
   s->ld = np;
   if (ok && !s->in_place) {
     dnnl_memory_desc_t rows = as_rows_md(s->k, np);
@@ -149,11 +157,20 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
       dnnl_memory_desc_destroy(s->scratch);
       s->matmul = nullptr;
       s->packed = s->scratch = nullptr;
-      ok = as_matmul_with(s, padded);
       s->ld = as_packed_ld(np);
+      if (!as_matmul_with(s, padded)) {  // (refused: the layout oneDNN picked, rows np apart)
+        if (s->matmul) dnnl_primitive_destroy(s->matmul);
+        if (s->packed) dnnl_memory_desc_destroy(s->packed);
+        if (s->scratch) dnnl_memory_desc_destroy(s->scratch);
+        s->matmul = nullptr;
+        s->packed = s->scratch = nullptr;
+        s->ld = np;
+        ok = as_matmul_with(s, any);
+      }
       dnnl_memory_desc_destroy(padded);
     }
   }
+  if (any) dnnl_memory_desc_destroy(any);
   return ok;
 }
 
