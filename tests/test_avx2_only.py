@@ -65,14 +65,24 @@ def libraries(tmp_path_factory) -> tuple[Path, Path, Path]:
     return built, patched, patched_dir
 
 
+@pytest.fixture(scope="module")
+def preload(tmp_path_factory) -> Path:
+    """The handler library, built once for the module."""
+    return avx2_only.preload_library(tmp_path_factory.mktemp("preload"))
+
+
+def _env(patched_dir: Path, preload: Path | None, **more: str) -> dict[str, str]:
+    """A small environment with the handler preloaded (unless None) for ``patched_dir``."""
+    env = {"ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/", "PATH": "/usr/bin:/bin", **more}
+    if preload is not None:
+        env["LD_PRELOAD"] = str(preload)
+    return env
+
+
 def _read(
-    library: Path, patched_dir: Path, root: Path, *extra: str, python: tuple = ()
+    library: Path, patched_dir: Path, preload: Path, *extra: str, python: tuple = ()
 ) -> subprocess.CompletedProcess:
-    env = {
-        "LD_PRELOAD": str(avx2_only.preload_library(root)),
-        "ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/",
-        "PATH": "/usr/bin:/bin",
-    }
+    env = _env(patched_dir, preload)
     return subprocess.run(
         [sys.executable, *python, "-c", textwrap.dedent(READS), str(library), *extra],
         capture_output=True,
@@ -81,10 +91,10 @@ def _read(
     )
 
 
-def test_patched_library_sees_no_avx512(libraries, tmp_path):
+def test_patched_library_sees_no_avx512(libraries, preload):
     built, patched, patched_dir = libraries
-    real = _read(built, patched_dir, tmp_path)
-    seen = _read(patched, patched_dir, tmp_path)
+    real = _read(built, patched_dir, preload)
+    seen = _read(patched, patched_dir, preload)
     assert real.returncode == 0 and seen.returncode == 0, real.stderr + seen.stderr
     r_ebx, r_ecx, r_edx, r_eax1, *r_vendor = map(int, real.stdout.split())
     ebx, ecx, edx, eax1, *vendor = map(int, seen.stdout.split())
@@ -109,16 +119,16 @@ def avx2_only_masks() -> tuple[int, int, int]:
     return tuple(masks)
 
 
-def test_real_traps_still_trap(libraries, tmp_path):
+def test_real_traps_still_trap(libraries, preload):
     """A trap (``ud2``) outside the patched folder, or inside a patched library, is not
     taken for a patched cpuid: SIGILL, as without the handler."""
     built, patched, patched_dir = libraries
     for library in (built, patched):
-        done = _read(library, patched_dir, tmp_path, "trap")
+        done = _read(library, patched_dir, preload, "trap")
         assert done.returncode == -4, (library, done.stdout, done.stderr)
 
 
-def test_a_handler_installed_with_signal_keeps_the_patched_cpuid(libraries, tmp_path):
+def test_a_handler_installed_with_signal_keeps_the_patched_cpuid(libraries, preload):
     """libc's ``signal()`` (which reaches ``sigaction`` inside glibc, past the wrapper)
     records the program's handler too: patched cpuid still answers, bits cleared."""
     built, patched, patched_dir = libraries
@@ -129,11 +139,7 @@ def test_a_handler_installed_with_signal_keeps_the_patched_cpuid(libraries, tmp_
         "lib = ctypes.CDLL(sys.argv[1]); lib.leaf.restype = ctypes.c_uint; "
         "print(lib.leaf(7, 0, 1))"
     )
-    env = {
-        "LD_PRELOAD": str(avx2_only.preload_library(tmp_path)),
-        "ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/",
-        "PATH": "/usr/bin:/bin",
-    }
+    env = _env(patched_dir, preload)
     done = subprocess.run(
         [sys.executable, "-c", installs, str(patched)],
         capture_output=True,
@@ -145,20 +151,20 @@ def test_a_handler_installed_with_signal_keeps_the_patched_cpuid(libraries, tmp_
     assert int(done.stdout) & AVX512F == 0
 
 
-def test_faulthandler_keeps_the_patched_cpuid_and_sees_real_traps(libraries, tmp_path):
+def test_faulthandler_keeps_the_patched_cpuid_and_sees_real_traps(libraries, preload):
     """Python's faulthandler (pytest enables it) installs its own SIGILL handler after the
     preloaded one: patched cpuid still answers, and a real trap reaches faulthandler."""
     built, patched, patched_dir = libraries
     with_handler = ("-X", "faulthandler")
-    seen = _read(patched, patched_dir, tmp_path, python=with_handler)
+    seen = _read(patched, patched_dir, preload, python=with_handler)
     assert seen.returncode == 0, seen.stderr
     assert int(seen.stdout.split()[0]) & AVX512F == 0
-    trapped = _read(built, patched_dir, tmp_path, "trap", python=with_handler)
+    trapped = _read(built, patched_dir, preload, "trap", python=with_handler)
     assert trapped.returncode == -4
     assert "Fatal Python error" in trapped.stderr and "Illegal instruction" in trapped.stderr
 
 
-def test_the_report_counts_the_capped_cpuid_calls(libraries, tmp_path):
+def test_the_report_counts_the_capped_cpuid_calls(libraries, preload):
     """``probes.capped_cpuid_calls``, which the benchmark's report prints: the patched
     calls made so far under the tool, None without it."""
     built, patched, patched_dir = libraries
@@ -167,18 +173,13 @@ def test_the_report_counts_the_capped_cpuid_calls(libraries, tmp_path):
         "ctypes.CDLL(sys.argv[1]).leaf(7, 0, 1); print(probes.capped_cpuid_calls())"
     )
     root = Path(avx2_only.__file__).resolve().parent.parent
-    env = {
-        "LD_PRELOAD": str(avx2_only.preload_library(tmp_path)),
-        "ANYSHAPE_AVX2_PATCHED": f"{patched_dir}/",
-        "PYTHONPATH": str(root),
-        "PATH": "/usr/bin:/bin",
-    }
+    env = _env(patched_dir, preload, PYTHONPATH=str(root))
     capped = subprocess.run(
         [sys.executable, "-c", ask, str(patched)], capture_output=True, text=True, env=env
     )
     assert capped.returncode == 0, capped.stderr
     assert capped.stdout.split() == ["1"]
-    del env["LD_PRELOAD"]
+    env = _env(patched_dir, None, PYTHONPATH=str(root))
     plain = subprocess.run(
         [sys.executable, "-c", ask, str(built)], capture_output=True, text=True, env=env
     )

@@ -130,6 +130,15 @@ AS_SETUP static bool as_matmul_with(AsMatmulSite* s, const_dnnl_memory_desc_t we
   return ok;
 }
 
+// What as_matmul_with made (or the part it made before failing), released.
+AS_SETUP static void as_matmul_forget(AsMatmulSite* s) {
+  if (s->matmul) dnnl_primitive_destroy(s->matmul);
+  if (s->packed) dnnl_memory_desc_destroy(s->packed);
+  if (s->scratch) dnnl_memory_desc_destroy(s->scratch);
+  s->matmul = nullptr;
+  s->packed = s->scratch = nullptr;
+}
+
 // The matmul of one panel (all of the weight without panels): weights [k, n / panels] read
 // with the whole weight's strides, the output's rows n apart. Where oneDNN reads a packed
 // panel row-major (its gemm:jit), the panel's rows are copied `as_packed_ld` apart (a
@@ -152,18 +161,10 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
     s->transposes = row_major && s->transposed;
     dnnl_memory_desc_t padded = row_major ? as_rows_md(s->k, np, as_packed_ld(np)) : nullptr;
     if (padded) {
-      dnnl_primitive_destroy(s->matmul);
-      dnnl_memory_desc_destroy(s->packed);
-      dnnl_memory_desc_destroy(s->scratch);
-      s->matmul = nullptr;
-      s->packed = s->scratch = nullptr;
+      as_matmul_forget(s);
       s->ld = as_packed_ld(np);
       if (!as_matmul_with(s, padded)) {  // (refused: the layout oneDNN picked, rows np apart)
-        if (s->matmul) dnnl_primitive_destroy(s->matmul);
-        if (s->packed) dnnl_memory_desc_destroy(s->packed);
-        if (s->scratch) dnnl_memory_desc_destroy(s->scratch);
-        s->matmul = nullptr;
-        s->packed = s->scratch = nullptr;
+        as_matmul_forget(s);
         s->ld = np;
         ok = as_matmul_with(s, any);
       }
