@@ -261,6 +261,44 @@ def test_a_1x1_convolution_is_one_gemm_for_the_batch_then_each_images_epilogue(r
             assert runs() - before == want, shape
 
 
+@pytest.mark.parametrize("route", [{"dnnl_matmul": "always"}, {}])
+def test_a_large_1x1_convolution_runs_gemm_and_epilogue_in_row_blocks(route):
+    """From 1 M output floats (512 K with AVX2: ``as_conv_rows_fused``) a 1x1 convolution
+    runs its GEMM and its epilogue (batch norm, a residual block's skip add, ReLU) in
+    row blocks, each thread's blocks through oneDNN's matmul (once per block) or its
+    sgemm: right on both sides of that bound, at row counts no multiple of a block's."""
+    torch.manual_seed(6)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(16, 64, 1, bias=False)
+            self.bn = torch.nn.BatchNorm2d(64)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.skip = torch.nn.Conv2d(16, 64, 1)
+            self.next = torch.nn.Conv2d(64, 8, 3, padding=1)
+
+        def forward(self, x):
+            return self.next(torch.relu(self.bn(self.conv(x)) + self.skip(x)))
+
+    model = Block().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 16, 6, 5),), backend="cpu", **route)
+    descs = opt.report.clusters[0].compiled.native.kernel_descriptions
+    assert any("convolution" in d and "+ epilogue" in d for d in descs), descs
+    runs = _lib(opt).anyshape_dnnl_matmul_runs
+    runs.restype = ctypes.c_int64
+    avx512 = bool(_lib(opt).dnnl_get_effective_cpu_isa() & 0x20)
+    with torch.no_grad():
+        for n, h, w in [(1, 128, 130), (2, 64, 67), (3, 5, 7), (0, 4, 4)]:
+            x = torch.randn(n, 16, h, w)
+            before = runs()
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            blocks = n * h * w * 64 >= (1 << 20 if avx512 else 1 << 19)
+            if "dnnl_matmul" in route and n > 0:  # the epilogue's convolution once per block
+                assert runs() - before > 2 if blocks else runs() - before == 2, (n, h, w)
+
+
 HARNESS = r"""
 extern "C" int refusals() {
   // A 4 -> 4 channel 3x3 convolution, channels last; sizes of -3 rows oneDNN refuses.

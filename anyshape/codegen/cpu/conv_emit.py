@@ -13,6 +13,7 @@ depthwise one (one input channel per group), which is a direct loop
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -143,7 +144,11 @@ def _conv_batched(c: ConvGeometry) -> list[str]:
 
 
 def _conv_channels_last(
-    c: ConvGeometry, epilogue: list | None, route: Route | None, fusion: Fusion | None = None
+    c: ConvGeometry,
+    epilogue: list | None,
+    route: Route | None,
+    fusion: Fusion | None = None,
+    epilogue_rows: Callable[[], list] | None = None,
 ) -> list:
     """A convolution on [N, H, W, C] activations, one image at a time, each image's
     epilogue right after it (its output still in cache), or inside oneDNN's convolution
@@ -158,7 +163,7 @@ def _conv_channels_last(
             "dims: the CPU backend's channels-last kernel is 2-D without groups"
         )
     if c.direct and (route is None or route.as_matmul):
-        return _conv_channels_last_direct(c, epilogue, route)
+        return _conv_channels_last_direct(c, epilogue, route, epilogue_rows)
     t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
     (h, w), (oh, ow) = c.ins, c.outs
     x, y = (
@@ -195,10 +200,16 @@ def _conv_channels_last(
     return [*before, loop(For("n", "0", c.N), image), text("return 0;")]
 
 
-def _conv_channels_last_direct(c: ConvGeometry, epilogue: list | None, route: Route | None) -> list:
+def _conv_channels_last_direct(
+    c: ConvGeometry,
+    epilogue: list | None,
+    route: Route | None,
+    epilogue_rows: Callable[[], list] | None = None,
+) -> list:
     """A channels-last 1x1 convolution with unit stride and no padding: the batch's
     pixels are the rows of one GEMM by the weight (oneDNN's matmul where it pays at N x P
-    rows, else ``as_conv2d_nhwc``'s BLAS GEMM), then each image's epilogue. One GEMM reads
+    rows, else ``as_conv2d_nhwc``'s BLAS GEMM), then each image's epilogue, or for a large
+    output both in row blocks (``_fused_row_blocks``, ``epilogue_rows``). One GEMM reads
     the weight once per call where one per image read it N times: with AVX2, ResNet-50's
     2048-wide layers at 6x6 pixels ran at 135 GFLOP/s one image at a time, 172 as one GEMM
     for two images. (A strided 1x1 convolution stays on oneDNN's convolution: its pixels
@@ -207,9 +218,16 @@ def _conv_channels_last_direct(c: ConvGeometry, epilogue: list | None, route: Ro
     rows = f"{c.N} * {c.P}"
     body = [text(f"const {t}* xn = (const {t}*){c.px};", f"{t}* yn = ({t}*){c.po};")]
     body.append(text("bool ran = false;"))
+    block_call = None
     if route is not None:
         site, call = _dnnl_site(c, route, "xn", "yn", rows)
-        body.append(Guarded("ANYSHAPE_DNNL", (text(*site.split("\n"), f"ran = {call};"),)))
+        _, block_call = _dnnl_site(c, route, f"xn + r0 * {c.C}", f"yn + r0 * {c.OC}", "r1 - r0")
+        body.append(Guarded("ANYSHAPE_DNNL", (text(*site.split("\n")),)))
+    if epilogue_rows is not None and t == "float":
+        fused = _fused_row_blocks(c, rows, block_call, epilogue_rows())
+        body.append(Guarded("ANYSHAPE_DNNL", (fused,)))
+    if route is not None:
+        body.append(Guarded("ANYSHAPE_DNNL", (text(f"ran = {call};"),)))
     body.append(
         text(
             f"if (!ran && !as_conv2d_nhwc<{t}>(xn, (const {t}*){c.pw}, yn, {c.C}, {c.OC}, "
@@ -219,6 +237,36 @@ def _conv_channels_last_direct(c: ConvGeometry, epilogue: list | None, route: Ro
     if epilogue is not None:
         body.append(loop(For("n", "0", c.N), epilogue))
     return [*body, text("return 0;")]
+
+
+def _fused_row_blocks(c: ConvGeometry, rows: str, block_call: str | None, epilogue_rows: list):
+    """A large output's GEMM and epilogue in row blocks (``as_conv_rows_fused``): each
+    thread's blocks of pixels (``as_conv_row_block``), each through oneDNN's matmul where
+    it pays at the block's rows (``block_call``) or else its sgemm, both single-threaded
+    inside the parallel loop, then the block's epilogue while its output is in cache.
+    Measured (docs/performance.md, "1x1 convolutions in row blocks"): ResNet-50's first
+    expansion 64 -> 256 at 4x56x56 pixels, restricted to AVX2, 112 -> 143 GFLOP/s, with
+    AVX-512 139 -> 149-153."""
+    gemm = (
+        f"dnnl_sgemm('N', 'T', r1 - r0, {c.OC}, {c.C}, 1.0f, xn + r0 * {c.C}, {c.C}, "
+        f"(const float*){c.pw}, {c.C}, 0.0f, yn + r0 * {c.OC}, {c.OC}) == 0"
+    )
+    block = [
+        text(
+            f"const int64_t r0 = b * bs, r1 = as_min64({rows}, r0 + bs);",
+            f"failed |= !({block_call} || {gemm});" if block_call else f"failed |= !({gemm});",
+        ),
+        *epilogue_rows,
+    ]
+    parallel = "#pragma omp parallel for schedule(static) reduction(|:failed)"
+    setup = text(
+        f"const int64_t bs = as_conv_row_block({rows}, {c.OC});",
+        f"const int64_t nb = ({rows} + bs - 1) / bs;",
+        "int failed = 0;",
+    )
+    blocks = loop(For("b", "0", "nb"), block, [parallel])
+    done = text("return failed ? 3 : 0;  // (oneDNN's sgemm fails only out of memory)")
+    return if_(f"as_conv_rows_fused({rows}, {c.OC})", [setup, blocks, done])
 
 
 def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
@@ -259,7 +307,11 @@ def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:
 
 
 def emit_conv(
-    scope: KernelScope, root: Node, epilogue: list | None, fusion: Fusion | None = None
+    scope: KernelScope,
+    root: Node,
+    epilogue: list | None,
+    fusion: Fusion | None = None,
+    epilogue_rows: Callable[[], list] | None = None,
 ) -> list:
     """Float convolution as im2col + one BLAS GEMM per (batch entry, group).
 
@@ -278,7 +330,7 @@ def emit_conv(
             return out + depthwise_emit.emit_depthwise_channels_last(c, epilogue)
         return out + depthwise_emit.emit_depthwise(c, epilogue)
     if c.channels_last:
-        return out + _conv_channels_last(c, epilogue, route, fusion)
+        return out + _conv_channels_last(c, epilogue, route, fusion, epilogue_rows)
     if route is not None:
         out += _conv_dnnl(c, epilogue, route)
     batched = [text(*_conv_batched(c))]

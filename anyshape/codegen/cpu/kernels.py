@@ -37,7 +37,7 @@ from . import conv_emit, gemm_emit, pool_emit, scatter_emit, transpose_emit
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .hoist import hoist_invariants
-from .loop_ir import block, if_, stmt, text, write
+from .loop_ir import For, block, const, if_, loop, stmt, text, write
 from .loop_nest import ROW_SPLIT_WORK, loop_vars, nest_open, statements, store
 from .reduce_emit import emit_argreduce, emit_cumulative, emit_reduce
 from .stitch_emit import StitchScope, emit_stitch, row_tail
@@ -165,7 +165,11 @@ def _emit_conv(scope: KernelScope, root: Node) -> list:
     if epilogue is None:
         return conv_emit.emit_conv(scope, root, None)
     return conv_emit.emit_conv(
-        scope, root, _epilogue(scope, epilogue), _fusion(scope, root, epilogue)
+        scope,
+        root,
+        _epilogue(scope, epilogue),
+        _fusion(scope, root, epilogue),
+        lambda: _epilogue_rows(scope, epilogue),
     )
 
 
@@ -190,6 +194,23 @@ def _epilogue(scope: KernelScope, epilogue: Node) -> list:
             scope, lambda: store(scope, epilogue, names, scope.fused_expression(epilogue, names))
         )
     )
+
+
+def _epilogue_rows(scope: KernelScope, epilogue: Node) -> list:
+    """The epilogue over pixels ``r0`` to ``r1`` of a channels-last [N, H, W, C] output
+    seen as [N * H * W, C] rows: what a row block of a 1x1 convolution's GEMM runs right
+    after it, while the block is in cache (``conv_emit``)."""
+    names = ("n", *loop_vars(epilogue.rank)[1:])
+    h, w, c = (scope.dim(d) for d in epilogue.shape[1:])
+    pixel = (
+        const("int64_t", "n", f"p / ({h} * {w})"),
+        const("int64_t", names[1], f"p / {w} % {h}"),
+        const("int64_t", names[2], f"p % {w}"),
+    )
+    body = statements(
+        scope, lambda: store(scope, epilogue, names, scope.fused_expression(epilogue, names))
+    )
+    return [loop(For("p", "r0", "r1"), [*pixel, loop(For(names[3], "0", c), body)])]
 
 
 def _flat_load(scope: KernelScope, node: Node, ptr: str, idx) -> str:
