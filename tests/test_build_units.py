@@ -274,3 +274,20 @@ def test_a_child_forked_during_the_glue_build_builds_its_own(tmp_path):
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert list(tmp_path.glob("dnnl-glue-*.o"))
+
+
+def test_libraries_link_with_gold_where_the_system_has_it(tmp_path):
+    """GNU gold links a library in a third of the default linker's time; a library built
+    for this machine is linked by it when ``ld.gold`` is installed (its ELF then carries
+    gold's version note), and by the default linker otherwise."""
+    import shutil
+
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(3, 37),), cache_dir=str(tmp_path), backend="cpu")
+    library = opt.report.clusters[0].compiled.native.library
+    with torch.no_grad():
+        x = torch.randn(5, 37)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-5)
+    gold = shutil.which("ld.gold") is not None
+    assert ("-fuse-ld=gold" in cpu_build.linker_flags()) == gold
+    assert (b".note.gnu.gold-version" in library.read_bytes()) == gold

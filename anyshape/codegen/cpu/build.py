@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import shutil
 import threading
 from importlib import resources
 from pathlib import Path
@@ -107,9 +108,25 @@ def build_library(
 
 
 def library_flags(target: Target, options: Options) -> list[str]:
-    """The compiler flags of a library for ``target``: oneDNN's for this machine only."""
-    linked = small_gemm_flags(options.small_gemm) if target is NATIVE else []
-    return FLAGS + list(target.flags) + blas_flags() + linked
+    """The compiler flags of a library for ``target``: oneDNN's and the faster linker for
+    this machine only."""
+    if target is not NATIVE:
+        return FLAGS + list(target.flags) + blas_flags()
+    return (
+        FLAGS
+        + list(target.flags)
+        + blas_flags()
+        + small_gemm_flags(options.small_gemm)
+        + linker_flags()
+    )
+
+
+@functools.cache
+def linker_flags() -> list[str]:
+    """GNU gold where the system has it: it links a library in a third of the time of
+    the default linker (a lone kernel with OpenBLAS and OpenMP, 2-core AMD EPYC: 0.10-0.11
+    against 0.03-0.04 s), which every cold build pays once."""
+    return ["-fuse-ld=gold"] if shutil.which("ld.gold") else []
 
 
 # What a unit with oneDNN call sites holds (dnnl.h): it then links the glue object.
