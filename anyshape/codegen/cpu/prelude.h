@@ -356,8 +356,8 @@ static inline void as_gemm_views(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
 static inline bool as_conv_rows_fused(int64_t rows, int64_t oc) {
   return rows * oc >= (as_dnnl_avx512() ? (INT64_C(1) << 20) : (INT64_C(1) << 19));
 }
-// Pixels per block: about 512 KB of output (at least 16 rows), every thread the same
-// number of blocks.
+// Pixels per block: about 512 KB of output (at least 16 rows unless the threads
+// outnumber the output's 16-row blocks), every thread the same number of blocks.
 static inline int64_t as_conv_row_block(int64_t rows, int64_t oc) {
   const int64_t threads = omp_get_max_threads();
   const int64_t most = as_max64(16, (INT64_C(1) << 17) / oc);

@@ -16,7 +16,8 @@ not see whether the oneDNN package is installed).
   With ``dnnl_matmul="auto"`` each call checks whether the matmul beats the BLAS
   path at its row count on the ISA oneDNN runs (``as_matmul_pays`` in
   ``dnnl_matmul.h``, measured per ISA) and otherwise runs BLAS; ``"always"``
-  runs every row count there, ``"off"`` keeps BLAS.
+  runs every row count there, ``"off"`` keeps BLAS (a channels-last 1x1
+  convolution's GEMM too).
 - oneDNN convolution: a float32 2-D convolution without groups on a model
   weight (``passes.channels_last.onednn_convolution``), channels last, or
   channels first with a kernel over 1x1 (a 1x1 kernel channels first stays a
@@ -119,6 +120,8 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
     if settings.conv_post_ops and epilogue is not None:
         fused = post_ops(sched, root, epilogue)  # (None for channels first)
     as_matmul = _runs_as_matmul(root) and fused is None
+    if as_matmul and settings.dnnl_matmul == "off":
+        return None  # (the BLAS GEMM of its pixels, as for a linear layer)
     header = "dnnl_matmul.h" if as_matmul else "dnnl_conv.h"
     always = settings.dnnl_matmul == "always"
     return Route(header, root.inputs[1], as_matmul, always, post_ops=fused)
