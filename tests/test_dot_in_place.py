@@ -146,3 +146,23 @@ def test_attention_heads_need_no_copy_kernels():
         for b, s in [(1, 1), (3, 19), (0, 5), (2, 0), (4, 64)]:
             x = torch.randn(b, s, 32)
             torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+# (b, 8 heads, m, k, n): rows of 8 x 64 floats either side of 128 reads
+SCORES = [(2, 8, 130, 64, 140), (1, 8, 127, 64, 128), (2, 8, 128, 64, 5), (1, 8, 3, 64, 200)]
+VALUES = [(2, 8, 130, 140, 64), (1, 8, 127, 128, 64), (2, 8, 128, 5, 64), (1, 8, 0, 9, 64)]
+
+
+@pytest.mark.parametrize(
+    "pa, pb, shapes",
+    [
+        ((0, 2, 1, 3), (0, 2, 3, 1), SCORES),  # queries and keys both copied
+        ((0, 1, 2, 3), (0, 2, 1, 3), VALUES),  # probabilities x values: the values copied
+    ],
+)
+def test_heads_whose_rows_are_2kb_apart_are_copied_dense_first(pa, pb, shapes):
+    """Heads read in place from a [b, s, 8, 64] projection have rows 512 floats apart;
+    a GEMM that reads each of those rows 128 times or more reads a dense copy instead
+    (``as_far_rows``): right on both sides of that bound."""
+    opt = _check(pa, pb, torch.float32, shapes, in_place=True)
+    assert _views_called(opt)
