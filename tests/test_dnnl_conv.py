@@ -197,7 +197,7 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     """A channels-last 1x1 convolution is one GEMM of the batch's pixels by the weight:
     oneDNN's matmul runs it where ``as_matmul_pays`` says it beats the BLAS path at that
     row count (N x H x W) on the ISA oneDNN runs (the rule of linear layers: with AVX-512
-    from 4 rows, with AVX2 from 4 to 511 on weights at most 3x wider than deep or cut
+    from 9 rows, with AVX2 from 4 to 511 on weights at most 3x wider than deep or cut
     into such panels, which 16 -> 64 is too narrow for), else BLAS."""
     from test_dnnl_matmul import _panels
 
@@ -212,7 +212,8 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     with torch.no_grad():
         for (h, w), on_avx512, on_avx2 in [
             ((1, 1), 0, 0),  # 2 rows
-            ((2, 2), 1, 1),  # 8 rows
+            ((2, 2), 0, 1),  # 8 rows (with AVX-512 the sgemm path, as for a linear layer)
+            ((3, 2), 1, 1),  # 12 rows
             ((8, 7), 1, 1),  # 112 rows
             ((8, 8), 1, 1),  # 128 rows
             ((16, 16), 1, 0),  # 512 rows

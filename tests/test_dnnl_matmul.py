@@ -90,20 +90,45 @@ def _avx512(opt) -> bool:
 @pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
 def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     """``dnnl_matmul="auto"``: below 4 rows oneDNN's sgemm path (BLAS) wins on every ISA;
-    with AVX-512 the matmul runs from 4 rows up; with AVX2 from 4 to 511 rows, for weights
-    at most 3x wider than deep or cut into such panels of 256 columns or more
-    (``as_matmul_pays``, ``as_matmul_panels``, measured per ISA): 16 x 64 has no such cut
-    and takes BLAS; wide weights cut into panels run in a test of their own below."""
+    with AVX-512 the matmul runs from 9 rows up on an nn.Linear weight (from 4 on a [k, n]
+    one, below); with AVX2 from 4 to 511 rows, for weights at most 3x wider than deep or
+    cut into such panels of 256 columns or more (``as_matmul_pays``, ``as_matmul_panels``,
+    measured per ISA): 16 x 64 has no such cut and takes BLAS; wide weights cut into
+    panels run in a test of their own below."""
     torch.manual_seed(7)
     model = torch.nn.Linear(k, n).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
     wide = n > 3 * k and _panels(k, n) == 1
+    rows_on = [(1, 0, 0), (3, 0, 0), (4, 0, 1), (8, 0, 1), (9, 1, 1), (511, 1, 1), (512, 1, 0)]
     with torch.no_grad():
-        for rows, avx512, avx2 in [(1, 0, 0), (3, 0, 0), (4, 1, 1), (511, 1, 1), (512, 1, 0)]:
+        for rows, avx512, avx2 in rows_on:
             x = torch.randn(1, rows, k)
             before = _runs(opt)
             _close(opt(x), model(x))
             want = avx512 if _avx512(opt) else avx2 and not wide
+            assert _runs(opt) - before == want, (rows, _avx512(opt))
+
+
+def test_a_k_by_n_weight_takes_the_matmul_from_4_rows_on_every_isa():
+    """A weight the model holds as [k, n] (``x @ W``: GPT-2's Conv1D) runs on the matmul
+    from 4 rows with AVX-512 too: read in place by the sgemm path it was slower there."""
+    torch.manual_seed(8)
+
+    class KByN(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(48, 40) / 8)
+
+        def forward(self, x):
+            return x @ self.w
+
+    model = KByN().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 48),), backend="cpu")
+    with torch.no_grad():
+        for rows, want in [(3, 0), (4, 1), (8, 1)]:
+            x = torch.randn(1, rows, 48)
+            before = _runs(opt)
+            _close(opt(x), model(x))
             assert _runs(opt) - before == want, (rows, _avx512(opt))
 
 

@@ -53,9 +53,15 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   restricted to AVX2, T5's, BERT's and GPT-2's weights) it wins to 511 rows (at 128-256
 //   rows 205-223 against 173-209) and is level or behind from 512 rows (at 1024 rows
 //   179-214 against 204-213).
-static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n) {
+// - with AVX-512 and a weight stored [n, k] (nn.Linear), the sgemm path, reading the
+//   weight in place, wins again at 4-8 rows in a model whose weights stream from memory
+//   (whole models, `profile`-free, interleaved: BERT-base at 1 x 8 tokens 25.0 -> 20.1 ms,
+//   1 x 4 19.8 -> 18.1, T5-small at 1 x 8 11.4 -> 10.7; level at 16 rows, behind from 32;
+//   with AVX2 level or behind, and for GPT-2's [k, n] weights behind).
+static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n, bool transposed) {
   if (m < 4) return false;
-  return as_dnnl_avx512() || (m < 512 && n <= 3 * k);
+  if (as_dnnl_avx512()) return !(transposed && m <= 8);
+  return m < 512 && n <= 3 * k;
 }
 
 // Column panels a [k, n] weight's matmul runs as: with AVX2, oneDNN's matmul on a weight
@@ -187,7 +193,7 @@ AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* 
     __atomic_store_n(&s->panels, panels, __ATOMIC_RELAXED);
   }
   const int64_t np = s->n / panels;
-  if (!s->always && !as_matmul_pays(m, s->k, np)) return false;
+  if (!s->always && !as_matmul_pays(m, s->k, np, s->transposed)) return false;
   // A panel's first weight, in the model's layout, and its first output column.
   const int64_t step = s->transposed ? np * s->k : np;
   pthread_mutex_lock(&s->weights.mu);
