@@ -377,7 +377,7 @@ def test_im2col_rows_in_one_and_three_spatial_dims(conv, shape):
 
 
 def test_few_row_gemms_through_onednn_match_torch_at_every_row_count():
-    """GEMMs of up to 64 rows go through oneDNN in 8-row blocks (prelude.h as_small_sgemm);
+    """GEMMs of up to 64 rows go through oneDNN in 8-row blocks (gemm.h as_small_sgemm);
     every remainder, both weight layouts, and the OpenBLAS path above it agree with torch."""
     from anyshape.codegen.cpu.build import small_gemm_flags
 

@@ -155,7 +155,7 @@ def _conv_channels_last(
     as post-ops (``fusion``) where oneDNN takes them. The image runs on oneDNN
     (``route``, when linked) unless oneDNN cannot run the call's first image, or the
     matmul does not pay at its pixel count (the same for every image of a call); then
-    every image of the call runs ``as_conv2d_nhwc`` (prelude.h: im2col + one GEMM, one
+    every image of the call runs ``as_conv2d_nhwc`` (gemm.h: im2col + one GEMM, one
     function shared by every such kernel), so the epilogue is written once."""
     if c.groups != 1 or len(c.kernel) != 2:
         raise UnsupportedError(

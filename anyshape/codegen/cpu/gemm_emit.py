@@ -5,7 +5,7 @@ GEMM whose right operand is a 2-D model weight (a linear layer: ``x @ W.T`` or
 ``x @ W``) first tries oneDNN's matmul with the weight packed once
 (``dnnl_matmul.h``, only compiled when the build links oneDNN; at row counts
 where the BLAS path is faster on the ISA oneDNN runs it declines); every float dot
-has the BLAS path (``as_gemm_batch`` in ``prelude.h``: OpenBLAS, batched,
+has the BLAS path (``as_gemm_batch`` in ``gemm.h``: OpenBLAS, batched,
 transposes folded into the call; ``as_gemm_views`` where an operand is a permuted
 buffer read in place, attention's heads: ``_layout``); integer dots are a plain
 loop nest.

@@ -89,7 +89,8 @@ def emit_translation_unit(
     for k in kernels:
         names.setdefault(k.body, "k_" + hashlib.sha1(k.body.encode()).hexdigest()[:12])
     here = resources.files(__package__)
-    lines = [here.joinpath("prelude.h").read_text(), here.joinpath("vmath.h").read_text(), ""]
+    runtime = ("prelude.h", "gemm.h", "vmath.h")
+    lines = [*(here.joinpath(h).read_text() for h in runtime), ""]
     dnnl = [sched.routes.get(id(r)) for r in sched.kernels]  # what oneDNN runs, if linked
     used = {route.header for route in dnnl if route}
     headers = ["dnnl.h", *sorted(used)] if used else []
