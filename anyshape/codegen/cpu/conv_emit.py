@@ -208,65 +208,75 @@ def _conv_channels_last_direct(
 ) -> list:
     """A channels-last 1x1 convolution with unit stride and no padding: the batch's
     pixels are the rows of one GEMM by the weight (oneDNN's matmul where it pays at N x P
-    rows, else ``as_conv2d_nhwc``'s BLAS GEMM), then each image's epilogue, or for a large
-    output both in row blocks (``_fused_row_blocks``, ``epilogue_rows``). One GEMM reads
-    the weight once per call where one per image read it N times: with AVX2, ResNet-50's
-    2048-wide layers at 6x6 pixels ran at 135 GFLOP/s one image at a time, 172 as one GEMM
-    for two images. (A strided 1x1 convolution stays on oneDNN's convolution: its pixels
-    gathered into one GEMM ran level with AVX2 and 10-15 % slower with AVX-512.)"""
+    rows, else ``as_conv2d_nhwc``'s BLAS GEMM), then its epilogue; a float epilogue runs
+    over blocks of rows (``_row_blocks``), which for a large output also run their own
+    GEMMs. One GEMM reads the weight once per call where one per image read it N times:
+    with AVX2, ResNet-50's 2048-wide layers at 6x6 pixels ran at 135 GFLOP/s one image at a
+    time, 172 as one GEMM for two images. (A strided 1x1 convolution stays on oneDNN's
+    convolution: its pixels gathered into one GEMM ran level with AVX2 and 10-15 % slower
+    with AVX-512.)"""
     t = c.t
     rows = f"{c.N} * {c.P}"
     body = [text(f"const {t}* xn = (const {t}*){c.px};", f"{t}* yn = ({t}*){c.po};")]
     body.append(text("bool ran = false;"))
+    whole = []  # the GEMM over every pixel
     block_call = None
     if route is not None:
         site, call = _dnnl_site(c, route, "xn", "yn", rows)
         _, block_call = _dnnl_site(c, route, f"xn + r0 * {c.C}", f"yn + r0 * {c.OC}", "r1 - r0")
         body.append(Guarded("ANYSHAPE_DNNL", (text(*site.split("\n")),)))
-    if epilogue_rows is not None and t == "float":
-        fused = _fused_row_blocks(c, rows, block_call, epilogue_rows())
-        body.append(Guarded("ANYSHAPE_DNNL", (fused,)))
-    if route is not None:
-        body.append(Guarded("ANYSHAPE_DNNL", (text(f"ran = {call};"),)))
-    body.append(
+        whole.append(Guarded("ANYSHAPE_DNNL", (text(f"ran = {call};"),)))
+    whole.append(
         text(
             f"if (!ran && !as_conv2d_nhwc<{t}>(xn, (const {t}*){c.pw}, yn, {c.C}, {c.OC}, "
             f"{rows}, 1, {rows}, 1, 1, 1, 1, 1, 0, 0, 1, 1)) return 3;"
         )
     )
+    if epilogue_rows is not None and t == "float":
+        return body + _row_blocks(c, rows, whole, block_call, epilogue_rows())
+    body += whole
     if epilogue is not None:
         body.append(loop(For("n", "0", c.N), epilogue))
     return [*body, text("return 0;")]
 
 
-def _fused_row_blocks(c: ConvGeometry, rows: str, block_call: str | None, epilogue_rows: list):
-    """A large output's GEMM and epilogue in row blocks (``as_conv_rows_fused``): each
-    thread's blocks of pixels (``as_conv_row_block``), each through oneDNN's matmul where
-    it pays at the block's rows (``block_call``) or else its sgemm, both single-threaded
-    inside the parallel loop, then the block's epilogue while its output is in cache.
-    Measured (docs/performance.md, "1x1 convolutions in row blocks"): ResNet-50's first
-    expansion 64 -> 256 at 4x56x56 pixels, restricted to AVX2, 112 -> 143 GFLOP/s, with
-    AVX-512 139 -> 149-153."""
+def _row_blocks(
+    c: ConvGeometry, rows: str, whole: list, block_call: str | None, epilogue_rows: list
+) -> list:
+    """The epilogue over each thread's blocks of pixels (``as_conv_row_block``, about 512
+    KB of output each). A large output (``as_conv_rows_fused``) runs each block's GEMM
+    right before its epilogue, while the block is in cache: oneDNN's matmul where it pays
+    at the block's rows (``block_call``), else its sgemm, both single-threaded inside the
+    parallel loop. Otherwise the GEMM over every pixel (``whole``) runs first. Measured
+    (docs/performance.md, "1x1 convolutions in row blocks"): ResNet-50's first expansion
+    64 -> 256 at 4x56x56 pixels, restricted to AVX2, 112 -> 143 GFLOP/s, with AVX-512
+    139 -> 149-153."""
     gemm = (
         f"dnnl_sgemm('N', 'T', r1 - r0, {c.OC}, {c.C}, 1.0f, xn + r0 * {c.C}, {c.C}, "
         f"(const float*){c.pw}, {c.C}, 0.0f, yn + r0 * {c.OC}, {c.OC}) == 0"
     )
+    run = f"({block_call} || {gemm})" if block_call else f"({gemm})"
     block = [
-        text(
-            f"const int64_t r0 = b * bs, r1 = as_min64({rows}, r0 + bs);",
-            f"failed |= !({block_call} || {gemm});" if block_call else f"failed |= !({gemm});",
-        ),
+        text(f"const int64_t r0 = b * bs, r1 = as_min64({rows}, r0 + bs);"),
+        Guarded("ANYSHAPE_DNNL", (text(f"if (fused) failed |= !{run};"),)),
         *epilogue_rows,
     ]
-    parallel = "#pragma omp parallel for schedule(static) reduction(|:failed)"
-    setup = text(
-        f"const int64_t bs = as_conv_row_block({rows}, {c.OC});",
-        f"const int64_t nb = ({rows} + bs - 1) / bs;",
-        "int failed = 0;",
+    parallel = (
+        "#pragma omp parallel for schedule(static) reduction(|:failed) "
+        f"if({rows} * {c.OC} >= 32768)"
     )
-    blocks = loop(For("b", "0", "nb"), block, [parallel])
-    done = text("return failed ? 3 : 0;  // (oneDNN's sgemm fails only out of memory)")
-    return if_(f"as_conv_rows_fused({rows}, {c.OC})", [setup, blocks, done])
+    return [
+        text("bool fused = false;"),
+        Guarded("ANYSHAPE_DNNL", (text(f"fused = as_conv_rows_fused({rows}, {c.OC});"),)),
+        if_("!fused", whole),
+        text(
+            f"const int64_t bs = as_conv_row_block({rows}, {c.OC});",
+            f"const int64_t nb = ({rows} + bs - 1) / bs;",
+            "int failed = 0;",
+        ),
+        loop(For("b", "0", "nb"), block, [parallel]),
+        text("return failed ? 3 : 0;  // (oneDNN's sgemm fails only out of memory)"),
+    ]
 
 
 def _im2col_row(t, nsp, stride, pad, dil, ins, outs) -> list[str]:

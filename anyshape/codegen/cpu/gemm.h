@@ -175,7 +175,7 @@ static inline void as_gemm_views(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
 }
 
 #ifdef ANYSHAPE_DNNL
-// A channels-last 1x1 convolution's epilogue in row blocks (conv_emit._fused_row_blocks):
+// A channels-last 1x1 convolution's epilogue in row blocks (conv_emit._row_blocks):
 // each thread's blocks of pixels, each block's GEMM and then its epilogue while the block
 // is still in cache, instead of one GEMM and then a pass over the whole output. It pays
 // once the output outgrows the caches: from 1 M floats with AVX-512 (the matmul whole
@@ -184,15 +184,15 @@ static inline void as_gemm_views(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t
 static inline bool as_conv_rows_fused(int64_t rows, int64_t oc) {
   return rows * oc >= (as_dnnl_avx512() ? (INT64_C(1) << 20) : (INT64_C(1) << 19));
 }
+#endif
 // Pixels per block: about 512 KB of output (at least 16 rows unless the threads
 // outnumber the output's 16-row blocks), every thread the same number of blocks.
 static inline int64_t as_conv_row_block(int64_t rows, int64_t oc) {
   const int64_t threads = omp_get_max_threads();
-  const int64_t most = as_max64(16, (INT64_C(1) << 17) / oc);
+  const int64_t most = as_max64(16, (INT64_C(1) << 17) / as_max64(oc, 1));
   const int64_t per_thread = ((rows + most - 1) / most + threads - 1) / threads;
   return (rows + per_thread * threads - 1) / (per_thread * threads);
 }
-#endif
 
 // A convolution's GEMM (weights x columns, both untransposed, one image). With oneDNN
 // linked, its sgemm runs these 10-18 % faster than OpenBLAS at ResNet-50's 1x1 shapes
