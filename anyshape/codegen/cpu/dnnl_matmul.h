@@ -110,11 +110,6 @@ static inline int64_t as_packed_ld(int64_t np) {
   return ld % 256 == 0 ? ld + 16 : ld;
 }
 
-// Whether oneDNN reads a [k, n] weight in place, rows n floats apart, without the slow
-// strides above: n not a multiple of 512 floats (GPT-2's 768 and 2304 read in place at
-// full speed; 1024 and 2048 at half, restricted to AVX2), else it gets a packed copy.
-static inline bool as_fine_in_place(int64_t n) { return n % 512 != 0; }
-
 // The matmul of one panel against weights laid out as `weights` (or AS_DNNL_TAG_ANY: the
 // layout oneDNN picks), into s->matmul, s->packed and s->scratch.
 AS_SETUP static bool as_matmul_with(AsMatmulSite* s, const_dnnl_memory_desc_t weights) {
@@ -148,7 +143,8 @@ AS_SETUP static void as_matmul_forget(AsMatmulSite* s) {
 // The matmul of one panel (all of the weight without panels): weights [k, n / panels] read
 // with the whole weight's strides, the output's rows n apart. Where oneDNN reads a packed
 // panel row-major (its gemm:jit), the panel's rows are copied `as_packed_ld` apart (a
-// weight it reads in place, [k, n] as the model holds it and not cut, keeps its rows).
+// weight it reads in place, [k, n] as the model holds it and not cut, keeps its rows
+// unless they are `as_rows_alias` apart: GPT-2's 768 and 2304 wide read in place).
 AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
   const int64_t np = s->n / s->panels;
   dnnl_dims_t wdims = {s->k, np};
@@ -158,7 +154,7 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
       dnnl_memory_desc_create_with_strides(&s->plain, 2, wdims, AS_DNNL_F32, wstrides) == 0 &&
       dnnl_memory_desc_create_with_tag(&any, 2, wdims, AS_DNNL_F32, AS_DNNL_TAG_ANY) == 0 &&
       as_matmul_with(s, any);
-  if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed) && as_fine_in_place(s->n);
+  if (ok) s->in_place = dnnl_memory_desc_equal(s->plain, s->packed) && !as_rows_alias(s->n);
   s->ld = np;
   if (ok && !s->in_place) {
     dnnl_memory_desc_t rows = as_rows_md(s->k, np);

@@ -33,7 +33,7 @@ static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int6
   }
   return true;
 }
-// An operand read in place with rows a multiple of 2 KB apart (attention's heads in a
+// An operand read in place with rows `as_rows_alias` apart (attention's heads in a
 // [b, s, h, d] projection with h * d a multiple of 512 floats: T5's 8 x 64) gets a dense
 // copy first, per GEMM, where the GEMM reads each of its rows 128 times or more: rows that
 // far apart share few cache sets. T5-small at 4 x 256 tokens, `profile=True`, restricted
@@ -41,7 +41,7 @@ static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int6
 // 13.0-13.5 -> 10.8-11.3 ms. (Rows 768 floats apart, BERT's and GPT-2's, measured level
 // or slower copied.)
 static inline bool as_far_rows(int64_t ld, int64_t cols, int64_t reads) {
-  return ld > cols && ld % 512 == 0 && reads >= 128;
+  return ld > cols && as_rows_alias(ld) && reads >= 128;
 }
 static inline void as_copy_rows(const float* src, int64_t lds, float* dst, int64_t rows,
                                 int64_t cols) {

@@ -34,6 +34,11 @@
 #endif
 AS_INLINE int64_t as_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 AS_INLINE int64_t as_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+// Whether rows `ld` floats apart, a multiple of 2 KB, share so few cache sets that a
+// GEMM reading them in place runs slowly (restricted to AVX2: oneDNN's matmul on GPT-2-like
+// [k, n] weights 1024 or 2048 wide at half speed, T5's attention heads 8 x 64 wide at 136
+// GFLOP/s against 214 a cache line further apart); 768 floats apart measured fine.
+AS_INLINE bool as_rows_alias(int64_t ld) { return ld % 512 == 0; }
 // Elements per thread's share of a row split over `parts` threads: whole cache lines.
 static inline int64_t as_split_block(int64_t n, int64_t parts) {
   const int64_t b = ((n + parts - 1) / parts + 15) & ~INT64_C(15);
