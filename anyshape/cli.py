@@ -101,6 +101,12 @@ def parser() -> argparse.ArgumentParser:
         help="threads for torch, Inductor, anyshape and ONNX Runtime (default: torch's)",
     )
     bench.add_argument("--no-progress", action="store_true", help="no progress bar")
+    bench.add_argument(
+        "--no-set-up",
+        action="store_true",
+        help="skip each backend's one-time set-up on a one-op model before the streams, so "
+        "the first workload's compile times include imports and first use",
+    )
     add_standalone_parsers(sub)
     return ap
 
@@ -211,6 +217,7 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
         fresh_caches=args.fresh_caches,
         threads=args.threads,
         progress=not args.no_progress,
+        set_up=not args.no_set_up,
         ranges=ranges,
     )
     t0 = time.perf_counter()

@@ -144,9 +144,26 @@ def markdown(results: dict) -> str:
         + header(results)
         + "\n\n"
         + table(results)
+        + setup_line(results)
         + "\nratio vs eager: median over steady-state requests of eager time / backend time "
         "(> 1 is faster). % of limit: median achieved GFLOP/s over peak GEMM (models) or "
         "GB/s over copy bandwidth (micrographs). See docs/performance.md.\n"
+    )
+
+
+def setup_line(results: dict) -> str:
+    """Each backend's one-time process set-up (``runner.set_up``), which no total includes;
+    empty when the run skipped it."""
+    setup = results.get("setup")
+    if not setup:
+        return ""
+    cells = [
+        f"{name} {value:.2f} s" if isinstance(value, float) else f"{name} failed ({value})"
+        for name, value in setup.items()
+    ]
+    return (
+        "\nSet-up, once per process before the streams on a one-op model (imports, the "
+        "exporter's and runtime's first use; in no total): " + ", ".join(cells) + "\n"
     )
 
 

@@ -53,6 +53,10 @@ def test_bench_writes_results_for_a_micrograph(tmp_path):
     assert by_backend["anyshape"]["max_abs_err"] < 1e-3
     table = (tmp_path / "results.md").read_text()
     assert "| layernorm | anyshape |" in table and "ratio vs eager" in table
+    # each backend set itself up once on the one-op model, reported apart from the totals
+    assert list(results["setup"]) == ["eager", "anyshape"]
+    assert all(isinstance(s, float) and s > 0 for s in results["setup"].values())
+    assert "Set-up, once per process" in table and "anyshape " in table.split("Set-up")[1]
 
 
 def _quick(runner, workload: str, backends: list[str], requests: int, **extra):
@@ -82,6 +86,10 @@ def test_a_failing_backend_is_reported_not_raised(monkeypatch):
     assert failed["backend"] == "broken" and failed["total_s"] is None
     assert "RuntimeError: cannot compile this" in failed["error"]
     assert "**failed** [1]" in report.table(results)
+    assert "RuntimeError: cannot compile this" in results["setup"]["broken"]
+    assert "broken failed (RuntimeError" in report.markdown(results)
+    skipped = runner.run(_quick(runner, "softmax", ["eager", "broken"], 1, set_up=False))
+    assert skipped["setup"] is None and "Set-up" not in report.markdown(skipped)
 
 
 def test_openvino_compiles_once_and_matches_eager_at_new_shapes(monkeypatch):
@@ -101,7 +109,9 @@ def test_openvino_compiles_once_and_matches_eager_at_new_shapes(monkeypatch):
 
     monkeypatch.setattr(openvino, "compile_model", counting)
     # the example is 2 x 16: these are new shapes
-    settings = _quick(runner, "bert", ["eager", "openvino"], 3, ranges={"text": [(1, 3), (8, 40)]})
+    ranges = {"text": [(1, 3), (8, 40)]}
+    # (no set-up on the one-op model: only the stream's compiles are counted)
+    settings = _quick(runner, "bert", ["eager", "openvino"], 3, ranges=ranges, set_up=False)
     section = runner.run(settings)["workloads"]["bert"]
     assert len({tuple(s) for s in section["shapes"]}) >= 2, section["shapes"]
     assert [s for s in section["shapes"] if s != section["example_shape"]]
@@ -158,7 +168,8 @@ def test_onnx_mode_runs_one_exported_file_through_three_backends(monkeypatch):
     settings = _quick(runner, "bert", chosen, 3, ranges={"text": [(1, 3), (8, 40)]})
     section = runner.run(settings)["workloads"]["bert"]
     by_name = {r["backend"]: r for r in section["results"]}
-    assert len(exports) == 1  # one file, read by all three
+    # one file per model (the set-up's one-op model, then BERT), read by all three
+    assert len(exports) == 2
     for name in chosen[1:]:
         r = by_name[name]
         assert r["error"] is None, (name, r["error"])
