@@ -132,6 +132,28 @@ def test_a_k_by_n_weight_takes_the_matmul_from_4_rows_on_every_isa():
             assert _runs(opt) - before == want, (rows, _avx512(opt))
 
 
+def test_a_vocabulary_head_takes_the_matmul_from_one_row():
+    """A weight over 3x wider than deep that no panel cut fits and over half the L3 (a
+    vocabulary head: GPT-2's 768 x 50257) runs oneDNN's matmul whole from 1 row
+    (``as_matmul_pays``): with AVX2 to 511 rows, with AVX-512 at 1 row and from 4 (oneDNN's
+    sgemm path streams 2-3 rows faster there)."""
+    from anyshape.codegen.cpu.build import l3_cache_bytes
+
+    k = 256
+    n = max(3 * k + 1, l3_cache_bytes() // 2 // (4 * k) + 1) | 1  # odd: no panel cut fits
+    assert _panels(k, n) == 1 and n * k * 4 > l3_cache_bytes() // 2
+    torch.manual_seed(9)
+    head = torch.nn.Linear(k, n, bias=False).eval()
+    opt = anyshape.optimize(head, (torch.randn(2, 3, k),), backend="cpu")
+    rows_on = [(1, 1, 1), (2, 0, 1), (3, 0, 1), (4, 1, 1), (511, 1, 1), (512, 1, 0)]
+    with torch.no_grad():
+        for rows, avx512, avx2 in rows_on:
+            x = torch.randn(1, rows, k)
+            before = _runs(opt)
+            _close(opt(x), head(x))
+            assert _runs(opt) - before == (avx512 if _avx512(opt) else avx2), (rows, n)
+
+
 def _panels(k: int, n: int) -> int:
     """``as_matmul_panels`` with AVX2: the fewest equal panels of a weight over 3x wider
     than deep, each at most as wide as deep, 256 columns or more and a multiple of 8, at

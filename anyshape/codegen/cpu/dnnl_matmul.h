@@ -58,7 +58,16 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   (whole models, `profile`-free, interleaved: BERT-base at 1 x 8 tokens 25.0 -> 20.1 ms,
 //   1 x 4 19.8 -> 18.1, T5-small at 1 x 8 11.4 -> 10.7; level at 16 rows, behind from 32;
 //   with AVX2 level or behind, and for GPT-2's [k, n] weights behind).
+// - a vocabulary head (a weight over 3x wider than deep that no panel cut fits, streaming
+//   from memory: over half the L3) runs the matmul whole from 1 row, also nn.Linear's:
+//   768 x 50257 (GPT-2's, tied to its embedding) and 512 x 32128, `benchmarks.gemm_routes`,
+//   matmul against the BLAS path, GFLOP/s: restricted to AVX2, 13-19 / 9-12 at 1 row,
+//   83-93 / 55 at 16, 176-184 / 119-123 at 64, level or behind from 512; with AVX-512,
+//   14-19 / 9-12 at 1 row, 30-37 / 21-26 at 4, 52-61 / 29-38 at 8, but 15-20 / 22-30 at
+//   2 rows (oneDNN's sgemm streams two or three rows well there).
 static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n, bool transposed) {
+  if (n > 3 * k && n * k * (int64_t)sizeof(float) > (int64_t)AS_L3_BYTES / 2)
+    return as_dnnl_avx512() ? m == 1 || m >= 4 : m < 512;
   if (m < 4) return false;
   if (as_dnnl_avx512()) return !(transposed && m <= 8);
   return m < 512 && n <= 3 * k;
