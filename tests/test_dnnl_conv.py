@@ -195,34 +195,36 @@ def _lib(opt):
 @pytest.mark.parametrize("cin, cout", [(48, 40), (16, 64)])
 def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     """A channels-last 1x1 convolution is one GEMM of the batch's pixels by the weight:
-    oneDNN's matmul runs it where ``as_matmul_pays`` says it beats the BLAS path at that
-    row count (N x H x W) on the ISA oneDNN runs (the rule of linear layers: with AVX-512
-    from 9 rows, with AVX2 from 4 to 511 on weights at most 3x wider than deep or cut
-    into such panels, which 16 -> 64 is too narrow for), else BLAS."""
+    the rule of linear layers routes it by its row count (N x H x W): up to 32 rows the
+    few-rows kernel; above, oneDNN's matmul where ``as_matmul_pays`` says it beats the
+    BLAS path on the ISA oneDNN runs (with AVX-512 from 33 rows, with AVX2 to 511 on
+    weights at most 3x wider than deep or cut into such panels, which 16 -> 64 is too
+    narrow for), else BLAS."""
     from test_dnnl_matmul import _panels
 
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 1), torch.nn.ReLU()).eval()
     opt = anyshape.optimize(model, (torch.randn(2, cin, 6, 5),), backend="cpu")
     assert "as_dnnl_matmul(&dnnl_site" in _source(opt)
-    runs = _lib(opt).anyshape_dnnl_matmul_runs
-    runs.restype = ctypes.c_int64
+    runs, few = _lib(opt).anyshape_dnnl_matmul_runs, _lib(opt).anyshape_few_rows_runs
+    runs.restype = few.restype = ctypes.c_int64
     avx512 = bool(_lib(opt).dnnl_get_effective_cpu_isa() & 0x20)
     wide = cout > 3 * cin and _panels(cin, cout) == 1
     with torch.no_grad():
-        for (h, w), on_avx512, on_avx2 in [
-            ((1, 1), 0, 0),  # 2 rows
-            ((2, 2), 0, 1),  # 8 rows (with AVX-512 the sgemm path, as for a linear layer)
-            ((3, 2), 1, 1),  # 12 rows
-            ((8, 7), 1, 1),  # 112 rows
-            ((8, 8), 1, 1),  # 128 rows
-            ((16, 16), 1, 0),  # 512 rows
+        for (h, w), on_few, on_avx512, on_avx2 in [
+            ((1, 1), 1, 0, 0),  # 2 rows
+            ((4, 4), 1, 0, 0),  # 32 rows
+            ((3, 6), 0, 1, 1),  # 36 rows
+            ((8, 7), 0, 1, 1),  # 112 rows
+            ((8, 8), 0, 1, 1),  # 128 rows
+            ((16, 16), 0, 1, 0),  # 512 rows
         ]:
             x = torch.randn(2, cin, h, w)
-            before = runs()
+            before, few_before = runs(), few()
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
             want = on_avx512 if avx512 else on_avx2 and not wide
             assert runs() - before == want, ((h, w), avx512)  # one GEMM for the batch
+            assert few() - few_before == on_few, ((h, w), avx512)
 
 
 @pytest.mark.parametrize(

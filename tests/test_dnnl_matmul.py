@@ -46,6 +46,14 @@ def _runs(opt) -> int:
     return fn()
 
 
+def _few(opt) -> int:
+    """GEMMs ``as_few_rows_gemm`` has run in ``opt``'s library (up to 32 rows, watched
+    weights: its own panels)."""
+    fn = opt.report.clusters[0].compiled.native.native.lib.anyshape_few_rows_runs
+    fn.restype = ctypes.c_int64
+    return fn()
+
+
 class Mlp(torch.nn.Module):
     """Both weight layouts: ``nn.Linear`` holds [out, in]; ``x @ w`` reads [in, out]."""
 
@@ -89,29 +97,61 @@ def _avx512(opt) -> bool:
 
 @pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
 def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
-    """``dnnl_matmul="auto"``: below 4 rows oneDNN's sgemm path (BLAS) wins on every ISA;
-    with AVX-512 the matmul runs from 9 rows up on an nn.Linear weight (from 4 on a [k, n]
-    one, below); with AVX2 from 4 to 511 rows, for weights at most 3x wider than deep or
-    cut into such panels of 256 columns or more (``as_matmul_pays``, ``as_matmul_panels``,
-    measured per ISA): 16 x 64 has no such cut and takes BLAS; wide weights cut into
-    panels run in a test of their own below."""
+    """``dnnl_matmul="auto"``: up to 32 rows the few-rows kernel on its own panels, on
+    every ISA; from 33 rows with AVX-512 the matmul; with AVX2 the matmul to 511 rows, for
+    weights at most 3x wider than deep or cut into such panels of 256 columns or more
+    (``as_matmul_pays``, ``as_matmul_panels``, measured per ISA): 16 x 64 has no such cut
+    and takes BLAS; wide weights cut into panels run in a test of their own below."""
     torch.manual_seed(7)
     model = torch.nn.Linear(k, n).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
     wide = n > 3 * k and _panels(k, n) == 1
-    rows_on = [(1, 0, 0), (3, 0, 0), (4, 0, 1), (8, 0, 1), (9, 1, 1), (511, 1, 1), (512, 1, 0)]
+    rows_on = [(1, 1, 0, 0), (3, 1, 0, 0), (8, 1, 0, 0), (32, 1, 0, 0)]
+    rows_on += [(33, 0, 1, 1), (511, 0, 1, 1), (512, 0, 1, 0)]
     with torch.no_grad():
-        for rows, avx512, avx2 in rows_on:
+        for rows, few, avx512, avx2 in rows_on:
             x = torch.randn(1, rows, k)
-            before = _runs(opt)
+            before, few_before = _runs(opt), _few(opt)
             _close(opt(x), model(x))
             want = avx512 if _avx512(opt) else avx2 and not wide
             assert _runs(opt) - before == want, (rows, _avx512(opt))
+            assert _few(opt) - few_before == few, (rows, _avx512(opt))
 
 
-def test_a_k_by_n_weight_takes_the_matmul_from_4_rows_on_every_isa():
+@pytest.mark.parametrize("transposed", [True, False])
+def test_the_few_rows_kernel_matches_eager_at_every_row_count(transposed):
+    """Every row count to 32 (each remainder of a 4- or 8-row tile), a width that leaves a
+    part panel, a depth of 1 and an odd one, both weight layouts: as eager; the packed
+    panels follow the weight after it changes in place; one more row takes the matmul."""
+    torch.manual_seed(11)
+    for k, n in [(1, 5), (37, 53), (130, 100)]:
+        weight = torch.nn.Parameter(torch.randn(n, k) / 4 if transposed else torch.randn(k, n))
+
+        class Layer(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = weight
+
+            def forward(self, x):
+                return torch.nn.functional.linear(x, self.w) if transposed else x @ self.w
+
+        model = Layer().eval()
+        opt = anyshape.optimize(model, (torch.randn(2, 3, k),), backend="cpu")
+        with torch.no_grad():
+            for rows in [*range(1, 34), 0]:
+                x = torch.randn(1, rows, k)
+                before = _few(opt)
+                _close(opt(x), model(x))
+                assert _few(opt) - before == (1 if 0 < rows <= 32 else 0), (k, n, rows)
+            model.w.mul_(-3.0)
+            x = torch.randn(2, 5, k)
+            _close(opt(x), model(x))
+
+
+def test_a_k_by_n_weight_takes_the_matmul_from_33_rows_on_every_isa():
     """A weight the model holds as [k, n] (``x @ W``: GPT-2's Conv1D) runs on the matmul
-    from 4 rows with AVX-512 too: read in place by the sgemm path it was slower there."""
+    from 33 rows with AVX-512 too (below, the few-rows kernel): read in place by the
+    sgemm path it was slower there."""
     torch.manual_seed(8)
 
     class KByN(torch.nn.Module):
@@ -125,18 +165,17 @@ def test_a_k_by_n_weight_takes_the_matmul_from_4_rows_on_every_isa():
     model = KByN().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, 48),), backend="cpu")
     with torch.no_grad():
-        for rows, want in [(3, 0), (4, 1), (8, 1)]:
+        for rows, want in [(3, 0), (32, 0), (33, 1), (64, 1)]:
             x = torch.randn(1, rows, 48)
             before = _runs(opt)
             _close(opt(x), model(x))
             assert _runs(opt) - before == want, (rows, _avx512(opt))
 
 
-def test_a_vocabulary_head_takes_the_matmul_from_one_row():
+def test_a_vocabulary_head_takes_the_matmul_on_every_isa():
     """A weight over 3x wider than deep that no panel cut fits and over half the L3 (a
-    vocabulary head: GPT-2's 768 x 50257) runs oneDNN's matmul whole from 1 row
-    (``as_matmul_pays``): with AVX2 to 511 rows, with AVX-512 at 1 row and from 4 (oneDNN's
-    sgemm path streams 2-3 rows faster there)."""
+    vocabulary head: GPT-2's 768 x 50257) runs oneDNN's matmul whole above the few-rows
+    kernel's 32 rows (``as_matmul_pays``): with AVX2 too, to 511 rows."""
     from anyshape.codegen.cpu.build import l3_cache_bytes
 
     k = 256
@@ -145,7 +184,7 @@ def test_a_vocabulary_head_takes_the_matmul_from_one_row():
     torch.manual_seed(9)
     head = torch.nn.Linear(k, n, bias=False).eval()
     opt = anyshape.optimize(head, (torch.randn(2, 3, k),), backend="cpu")
-    rows_on = [(1, 1, 1), (2, 0, 1), (3, 0, 1), (4, 1, 1), (511, 1, 1), (512, 1, 0)]
+    rows_on = [(1, 0, 0), (32, 0, 0), (33, 1, 1), (511, 1, 1), (512, 1, 0)]
     with torch.no_grad():
         for rows, avx512, avx2 in rows_on:
             x = torch.randn(1, rows, k)
@@ -193,9 +232,9 @@ with torch.no_grad():
         for got, want in zip(opt(x), model(x)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert _runs(opt) - before == (2 if b * s else 0), (b, s)
-# ``auto``: panels of 256 run from 4 to 511 rows; a weight too narrow to cut takes BLAS.
+# ``auto``: panels of 256 run from 33 to 511 rows; a weight too narrow to cut takes BLAS.
 for k, n, rows, want in [
-    (256, 1024, 8, 1), (256, 1024, 200, 1), (256, 1024, 600, 0), (128, 512, 16, 0)
+    (256, 1024, 40, 1), (256, 1024, 200, 1), (256, 1024, 600, 0), (128, 512, 40, 0)
 ]:
     layer = torch.nn.Linear(k, n).eval()
     auto = anyshape.optimize(layer, (torch.randn(3, k),))
@@ -359,7 +398,7 @@ def test_a_constant_weight_does_not_switch_the_watch_off():
     opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
     assert opt._weights_watch is not None
     assert len(opt.report.clusters[0].compiled.native.packed_params) == 4
-    x = torch.randn(3, 4, 37)
+    x = torch.randn(3, 12, 37)  # (36 rows: the matmul, above the few-rows kernel's 32)
     with torch.no_grad():
         before = _runs(opt)
         _close(opt(x), model(x))

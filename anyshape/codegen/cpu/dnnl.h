@@ -370,12 +370,15 @@ static inline int64_t as_packed_panel_floats(const_dnnl_memory_desc_t md) {
 // With `panels` > 1, `plain_md` describes one panel, the k-th at `plain + k * step`, and
 // the packed panels follow each other `as_packed_panel_floats(md)` apart. With `rows` > 0,
 // `md` is a panel's `rows` x `cols` row-major weights transposed (a linear layer's weight
-// as the matmul reads it), copied by as_pack_transposed instead of oneDNN's reorder.
+// as the matmul reads it), copied by as_pack_transposed instead of oneDNN's reorder. With
+// `pack`, that function lays `plain` out as `md`, the caller's own layout (`how`: its site).
 static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
                                       const_dnnl_memory_desc_t plain_md,
                                       const_dnnl_memory_desc_t md, int64_t panels = 1,
                                       int64_t step = 0, int64_t rows = 0, int64_t cols = 0,
-                                      int64_t ld = 0) {
+                                      int64_t ld = 0,
+                                      void (*pack)(const void*, const float*, float*) = nullptr,
+                                      const void* how = nullptr) {
   const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
   AsPackedWeights* p = nullptr;
   for (int64_t k = 0; k < c->npacked && !p; ++k)
@@ -401,7 +404,9 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
   }
   for (int64_t k = 0; k < panels; ++k) {
     float* to = p->data + k * as_packed_panel_floats(md);
-    if (rows > 0)
+    if (pack)
+      pack(how, plain, to);
+    else if (rows > 0)
       as_pack_transposed(plain + k * step, rows, cols, to, ld ? ld : rows);
     else if (!as_dnnl_pack(plain_md, plain + k * step, p->md, to))
       return nullptr;

@@ -25,6 +25,7 @@ struct AsMatmulSite {
   bool in_place;      // the primitive reads the weight as the model holds it: no copy
   bool transposes;    // its packed layout is the [n, k] weight's panel transposed, row-major
   int64_t ld;         // a packed panel's rows this many floats apart (as_packed_ld)
+  dnnl_memory_desc_t few;  // the layout of as_few_rows_gemm's panels (made on first use)
 };
 
 // c[m, n] = a[m, k] @ w, or false (below); the site of a kernel for a [k, n] weight.
@@ -59,15 +60,14 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   1 x 4 19.8 -> 18.1, T5-small at 1 x 8 11.4 -> 10.7; level at 16 rows, behind from 32;
 //   with AVX2 level or behind, and for GPT-2's [k, n] weights behind).
 // - a vocabulary head (a weight over 3x wider than deep that no panel cut fits, streaming
-//   from memory: over half the L3) runs the matmul whole from 1 row, also nn.Linear's:
+//   from memory: over half the L3) runs the matmul whole, also with AVX2 (to 511 rows):
 //   768 x 50257 (GPT-2's, tied to its embedding) and 512 x 32128, `benchmarks.gemm_routes`,
-//   matmul against the BLAS path, GFLOP/s: restricted to AVX2, 13-19 / 9-12 at 1 row,
-//   83-93 / 55 at 16, 176-184 / 119-123 at 64, level or behind from 512; with AVX-512,
-//   14-19 / 9-12 at 1 row, 30-37 / 21-26 at 4, 52-61 / 29-38 at 8, but 15-20 / 22-30 at
-//   2 rows (oneDNN's sgemm streams two or three rows well there).
+//   matmul against the BLAS path, restricted to AVX2, 83-93 / 55 GFLOP/s at 16 rows,
+//   176-184 / 119-123 at 64, level or behind from 512. (Up to AS_FEW_ROWS rows a watched
+//   weight runs as_few_rows_gemm before any of this.)
 static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n, bool transposed) {
   if (n > 3 * k && n * k * (int64_t)sizeof(float) > (int64_t)AS_L3_BYTES / 2)
-    return as_dnnl_avx512() ? m == 1 || m >= 4 : m < 512;
+    return m >= 4 && (as_dnnl_avx512() || m < 512);
   if (m < 4) return false;
   if (as_dnnl_avx512()) return !(transposed && m <= 8);
   return m < 512 && n <= 3 * k;
@@ -186,12 +186,138 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
   return ok;
 }
 
+// Few rows (decoding, short requests): the GEMM streams the weight from memory once, and
+// oneDNN's matmul reads its row-major packed copy at 11-15 GB/s at 1-16 rows, where the
+// machine streams 25-36. as_few_rows_gemm reads its own copy, column panels of AS_FEW_NB
+// each stored [k][AS_FEW_NB] (zero past n), so every thread streams a contiguous run;
+// per panel AS_FEW_MR rows at a time keep 3 x AS_FEW_MR vector accumulators in registers
+// (12 of AVX2's 16, 24 of AVX-512's 32). A chain of 96 distinct 512 x 512 weights (100 MB,
+// 2-core AMD EPYC, Zen 4), ms per chain, this kernel against the routes it replaces: restricted
+// to AVX2, 1 row 4.0-4.4 / 7.7, 4 rows 3.7-5.2 / 6.5, 8 rows 4.7-6.4 / 8.8; with AVX-512
+// 4.5 / 6.1, 5.0 / 6.6, 6.1 / 6.9. In cache (one 768 x 768 weight, AVX2) 129 against
+// 116-121 GFLOP/s at 8 rows. The copy is the weight's size again, made for the sites
+// that meet a row count this small.
+#define AS_FEW_ROWS 32
+#ifdef __AVX512F__
+#define AS_FEW_V 16
+#define AS_FEW_MR 8
+#else
+#define AS_FEW_V 8
+#define AS_FEW_MR 4
+#endif
+#define AS_FEW_NB (3 * AS_FEW_V)
+typedef float AsFewVec __attribute__((vector_size(AS_FEW_V * 4)));
+typedef float AsFewLoad __attribute__((vector_size(AS_FEW_V * 4), aligned(4)));
+
+// c[R, cols] = a[R, k] @ one panel w [k][AS_FEW_NB] (cols <= AS_FEW_NB of it kept).
+template <int R>
+static inline void as_few_tile(const float* __restrict__ a, int64_t lda,
+                               const float* __restrict__ w, int64_t k, float* __restrict__ c,
+                               int64_t ldc, int64_t cols) {
+  AsFewVec acc[R][3];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 3; ++j) acc[r][j] = AsFewVec{};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const float* wk = w + kk * AS_FEW_NB;
+    const AsFewVec w0 = *(const AsFewLoad*)wk, w1 = *(const AsFewLoad*)(wk + AS_FEW_V),
+                   w2 = *(const AsFewLoad*)(wk + 2 * AS_FEW_V);
+    for (int r = 0; r < R; ++r) {
+      const float x = a[r * lda + kk];
+      acc[r][0] += x * w0;
+      acc[r][1] += x * w1;
+      acc[r][2] += x * w2;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (cols == AS_FEW_NB) {
+      for (int j = 0; j < 3; ++j) *(AsFewLoad*)(c + r * ldc + j * AS_FEW_V) = acc[r][j];
+    } else {
+      float row[AS_FEW_NB];
+      memcpy(row, acc[r], sizeof(row));
+      memcpy(c + r * ldc, row, sizeof(float) * cols);
+    }
+  }
+}
+
+// c[m, n] (rows ldc apart) = a[m, k] @ the weight in as_few_pack's panels; m <= AS_FEW_ROWS.
+static void as_few_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
+                             const float* panels, float* c, int64_t ldc) {
+  const int64_t count = (n + AS_FEW_NB - 1) / AS_FEW_NB;
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 15))
+  for (int64_t p = 0; p < count; ++p) {
+    const float* w = panels + p * k * AS_FEW_NB;
+    const int64_t cols = as_min64(AS_FEW_NB, n - p * AS_FEW_NB);
+    float* out = c + p * AS_FEW_NB;
+    int64_t r = 0;
+    for (; r + AS_FEW_MR <= m; r += AS_FEW_MR)
+      as_few_tile<AS_FEW_MR>(a + r * k, k, w, k, out + r * ldc, ldc, cols);
+    const float* ar = a + r * k;
+    float* cr = out + r * ldc;
+    switch (m - r) {
+#if AS_FEW_MR > 4
+      case 7: as_few_tile<7>(ar, k, w, k, cr, ldc, cols); break;
+      case 6: as_few_tile<6>(ar, k, w, k, cr, ldc, cols); break;
+      case 5: as_few_tile<5>(ar, k, w, k, cr, ldc, cols); break;
+      case 4: as_few_tile<4>(ar, k, w, k, cr, ldc, cols); break;
+#endif
+      case 3: as_few_tile<3>(ar, k, w, k, cr, ldc, cols); break;
+      case 2: as_few_tile<2>(ar, k, w, k, cr, ldc, cols); break;
+      case 1: as_few_tile<1>(ar, k, w, k, cr, ldc, cols); break;
+      default: break;
+    }
+  }
+}
+
+// The site's weight (as the model holds it) into as_few_rows_gemm's panels.
+static void as_few_pack(const void* site, const float* w, float* to) {
+  const AsMatmulSite* s = (const AsMatmulSite*)site;
+  const int64_t k = s->k, n = s->n, count = (n + AS_FEW_NB - 1) / AS_FEW_NB;
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
+  for (int64_t p = 0; p < count; ++p)
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float* row = to + (p * k + kk) * AS_FEW_NB;
+      for (int64_t j = 0; j < AS_FEW_NB; ++j) {
+        const int64_t col = p * AS_FEW_NB + j;
+        row[j] = col >= n ? 0.0f : s->transposed ? w[col * k + kk] : w[kk * n + col];
+      }
+    }
+}
+
+// GEMMs as_few_rows_gemm ran, for tests and diagnostics.
+AS_SHARED int64_t as_few_rows_runs = 0;
+extern "C" int64_t anyshape_few_rows_runs() {
+  return __atomic_load_n(&as_few_rows_runs, __ATOMIC_RELAXED);
+}
+
+// c[m, n] = a[m, k] @ w through as_few_rows_gemm, or false (a weight nobody watches, out of
+// memory): the caller's routes run.
+static bool as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, float* c,
+                               int64_t m) {
+  pthread_mutex_lock(&s->weights.mu);
+  as_cache_list(&s->weights);
+  if (!s->few) {
+    const int64_t count = (s->n + AS_FEW_NB - 1) / AS_FEW_NB;
+    dnnl_dims_t dims = {count, s->k, AS_FEW_NB}, strides = {s->k * AS_FEW_NB, AS_FEW_NB, 1};
+    if (dnnl_memory_desc_create_with_strides(&s->few, 3, dims, AS_DNNL_F32, strides))
+      s->few = nullptr;
+  }
+  const float* panels =
+      s->few ? as_packed_weights(&s->weights, w, nullptr, s->few, 1, 0, 0, 0, 0, as_few_pack, s)
+             : nullptr;
+  pthread_mutex_unlock(&s->weights.mu);
+  if (!panels || panels == w) return false;
+  as_few_rows_gemm(m, s->n, s->k, a, panels, c, s->n);
+  __atomic_add_fetch(&as_few_rows_runs, 1, __ATOMIC_RELAXED);
+  return true;
+}
+
 // c[m, n] = a[m, k] @ w, with w as the model holds it; false when oneDNN cannot run it,
 // the BLAS path is faster at m rows (unless the site runs every row count here), or
 // w needs packing and nobody watches it (packing it on every call would cost more than it
 // saves): the caller's GEMM runs instead.
 AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
+  if (m <= AS_FEW_ROWS && !s->always && as_few_rows_matmul(s, a, w, c, m)) return true;
   int64_t panels = __atomic_load_n(&s->panels, __ATOMIC_RELAXED);
   if (!panels) {  // (a function of the site's shape and the ISA: any thread's value is it)
     panels = as_matmul_panels(s->k, s->n);
