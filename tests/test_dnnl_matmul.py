@@ -118,6 +118,19 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
             assert _few(opt) - few_before == few, (rows, _avx512(opt))
 
 
+class _OneWeight(torch.nn.Module):
+    """One weight, [n, k] read by ``linear`` (``transposed``) or [k, n] by ``x @ w``."""
+
+    def __init__(self, k: int, n: int, transposed: bool):
+        super().__init__()
+        self.transposed = transposed
+        shape = (n, k) if transposed else (k, n)
+        self.w = torch.nn.Parameter(torch.randn(shape) / 4)
+
+    def forward(self, x):
+        return torch.nn.functional.linear(x, self.w) if self.transposed else x @ self.w
+
+
 @pytest.mark.parametrize("transposed", [True, False])
 def test_the_few_rows_kernel_matches_eager_at_every_row_count(transposed):
     """Every row count to 32 (each remainder of a 4- or 8-row tile), a width that leaves a
@@ -125,17 +138,7 @@ def test_the_few_rows_kernel_matches_eager_at_every_row_count(transposed):
     panels follow the weight after it changes in place; one more row takes the matmul."""
     torch.manual_seed(11)
     for k, n in [(1, 5), (37, 53), (130, 100)]:
-        weight = torch.nn.Parameter(torch.randn(n, k) / 4 if transposed else torch.randn(k, n))
-
-        class Layer(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.w = weight
-
-            def forward(self, x):
-                return torch.nn.functional.linear(x, self.w) if transposed else x @ self.w
-
-        model = Layer().eval()
+        model = _OneWeight(k, n, transposed).eval()
         opt = anyshape.optimize(model, (torch.randn(2, 3, k),), backend="cpu")
         with torch.no_grad():
             for rows in [*range(1, 34), 0]:
