@@ -100,7 +100,9 @@ class OptimizedModule(torch.nn.Module):
     def watch_weights_of(self, model) -> None:
         """Keep packed weights (oneDNN convolutions) in step with ``model``'s in-place changes."""
         if isinstance(model, torch.nn.Module):
-            self._weights_watch = WeightsWatch.attach(model, self.report.clusters)
+            self._weights_watch = WeightsWatch.attach(
+                model, self.report.clusters, self.graph_module
+            )
 
     @classmethod
     def restored(

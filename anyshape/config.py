@@ -75,6 +75,15 @@ class Options:
             "package",
         },
     )
+    few_rows_gemm: bool = field(
+        default=True,
+        metadata={
+            "help": "CPU, with oneDNN's matmul (dnnl_matmul auto): GEMMs of up to 32 rows by a "
+            "model weight run the runtime's own kernel on a packed copy of that weight (its size "
+            "again in memory, for each weight that meets so few rows); False: oneDNN's matmul or "
+            "BLAS, as for more rows"
+        },
+    )
     dnnl_conv: str = field(
         default="channels_last",
         metadata={

@@ -408,13 +408,34 @@ def test_a_constant_weight_does_not_switch_the_watch_off():
         assert _runs(opt) - before == 4
         model.up.weight.mul_(0.25)
         _close(opt(x), model(x))
+        # the graph holds the captured tensor itself: its in-place changes are seen too,
+        # by the matmul's packed copy and by the few-rows kernel's
+        constant.mul_(-2.0)
+        for rows in (36, 2):
+            x = torch.randn(1, rows, 37)
+            _close(opt(x), model(x))
+
+
+def test_few_rows_gemm_off_keeps_few_rows_on_onednn_and_blas():
+    """``few_rows_gemm=False``: no copy of the weight for few rows; the routes of more
+    rows run them (AVX-512: the matmul at 9-32 rows of an nn.Linear weight), as eager."""
+    torch.manual_seed(12)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), few_rows_gemm=False)
+    assert "where it wins" in str(opt.explain()) and "own GEMM" not in str(opt.explain())
+    with torch.no_grad():
+        for rows in (1, 8, 20, 32):
+            x = torch.randn(1, rows, 37)
+            before = _few(opt)
+            _close(opt(x), model(x))
+            assert _few(opt) == before, rows
 
 
 def test_explain_names_the_gemms_onednn_runs():
     opt = anyshape.optimize(Mlp().eval(), (torch.randn(2, 5, 37),), backend="cpu")
     text = str(opt.explain())
     for name in ("up.weight", "down.weight", "w"):
-        assert f"[oneDNN matmul where it wins, weight {name}]" in text
+        assert f"[own GEMM up to 32 rows, oneDNN matmul where it wins, weight {name}]" in text
 
 
 class StridedWeights(torch.nn.Module):

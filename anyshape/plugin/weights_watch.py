@@ -43,10 +43,11 @@ class WeightsWatch:
                 lib.weights_changed()
 
     @classmethod
-    def attach(cls, model: torch.nn.Module, clusters) -> WeightsWatch | None:
+    def attach(cls, model: torch.nn.Module, clusters, graph=None) -> WeightsWatch | None:
         """A watch over every packed weight of ``clusters``' libraries that ``model`` names,
         or ``None`` when no library packs weights. A packed weight the model does not name
-        is a constant the compiled graph holds (a lifted tensor): it never changes."""
+        is a constant the compiled ``graph`` holds (a lifted tensor: one the model's code
+        captured), the captured tensor itself, so it is watched there."""
         tensors: dict[int, torch.Tensor] = {}
         libraries = []
         for cluster in clusters:
@@ -59,6 +60,8 @@ class WeightsWatch:
                 continue
             for name in names:
                 t = resolve_tensor(model, name)
+                if t is None and graph is not None:
+                    t = resolve_tensor(graph, name)
                 if t is not None:
                     tensors[id(t)] = t
             libraries.append(native)

@@ -80,7 +80,7 @@ def _dnnl_site(
     post = str(fusion.code) if fusion else "0"
     operands = "post_operands" if fusion else "nullptr"  # (``_operands``, before the call)
     if route.as_matmul:  # (no post-ops: oneDNN's matmul with them left brgemm for gemm:jit)
-        site = dnnl_site("AsMatmulSite", [c.CG, c.OC, "1", str(int(route.always))])
+        site = dnnl_site("AsMatmulSite", [c.CG, c.OC, "1", str(route.site_mode)])
         call = f"as_dnnl_matmul(&dnnl_site, {x}, {w}, {y}, {rows or c.P})"
     else:
         static = [*c.kernel, *c.stride, *c.pad, *c.dil, int(c.channels_last)]

@@ -364,6 +364,12 @@ static inline int64_t as_packed_panel_floats(const_dnnl_memory_desc_t md) {
   return as_round64((int64_t)dnnl_memory_desc_get_size(md)) / 4;
 }
 
+// A caller's own packing of a site's weight (as_packed_weights): fn(site, plain, to).
+struct AsPacker {
+  void (*fn)(const void* site, const float* plain, float* to);
+  const void* site;
+};
+
 // Under c->mu: the weights `plain` (layout `plain_md`) in layout `md`, packed on first use
 // and again after `anyshape_weights_changed()`; `plain` itself for weights nobody watches
 // (the caller decides what to do with them); null when out of memory or oneDNN failed.
@@ -371,14 +377,12 @@ static inline int64_t as_packed_panel_floats(const_dnnl_memory_desc_t md) {
 // the packed panels follow each other `as_packed_panel_floats(md)` apart. With `rows` > 0,
 // `md` is a panel's `rows` x `cols` row-major weights transposed (a linear layer's weight
 // as the matmul reads it), copied by as_pack_transposed instead of oneDNN's reorder. With
-// `pack`, that function lays `plain` out as `md`, the caller's own layout (`how`: its site).
+// `pack`, the caller's own function lays each panel out as `md`.
 static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
                                       const_dnnl_memory_desc_t plain_md,
                                       const_dnnl_memory_desc_t md, int64_t panels = 1,
                                       int64_t step = 0, int64_t rows = 0, int64_t cols = 0,
-                                      int64_t ld = 0,
-                                      void (*pack)(const void*, const float*, float*) = nullptr,
-                                      const void* how = nullptr) {
+                                      int64_t ld = 0, const AsPacker* pack = nullptr) {
   const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
   AsPackedWeights* p = nullptr;
   for (int64_t k = 0; k < c->npacked && !p; ++k)
@@ -405,7 +409,7 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
   for (int64_t k = 0; k < panels; ++k) {
     float* to = p->data + k * as_packed_panel_floats(md);
     if (pack)
-      pack(how, plain, to);
+      pack->fn(pack->site, plain + k * step, to);
     else if (rows > 0)
       as_pack_transposed(plain + k * step, rows, cols, to, ld ? ld : rows);
     else if (!as_dnnl_pack(plain_md, plain + k * step, p->md, to))

@@ -15,7 +15,7 @@ struct AsMatmulSite {
   // and a static site is initialized as {geometry, {mutex}}, gemm_emit.dnnl_site.)
   int64_t k, n;
   int64_t transposed;  // the model holds the weight as [n, k] (nn.Linear), else [k, n]
-  int64_t always;      // run every row count here (else as_matmul_pays decides per call)
+  int64_t mode;        // AS_MATMUL_AUTO, AS_MATMUL_ALWAYS or AS_MATMUL_NO_FEW (routes.py)
   AsWeightsCache weights;
   int64_t panels;      // the GEMM as this many matmuls over column panels (as_matmul_panels)
   dnnl_primitive_t matmul;
@@ -28,11 +28,16 @@ struct AsMatmulSite {
   dnnl_memory_desc_t few;  // the layout of as_few_rows_gemm's panels (made on first use)
 };
 
+// A site's mode (Route.site_mode in routes.py): up to AS_FEW_ROWS rows on as_few_rows_gemm,
+// more on oneDNN's matmul where as_matmul_pays; every row count on the matmul; the matmul
+// where it pays (option few_rows_gemm=False: no copy of the weight for few rows).
+enum { AS_MATMUL_AUTO = 0, AS_MATMUL_ALWAYS = 1, AS_MATMUL_NO_FEW = 2 };
+
 // c[m, n] = a[m, k] @ w, or false (below); the site of a kernel for a [k, n] weight.
 AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c,
                                   int64_t m);
 AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
-                                           int64_t transposed, int64_t always);
+                                           int64_t transposed, int64_t mode);
 
 #ifdef AS_DNNL_GLUE_OBJECT
 
@@ -91,7 +96,7 @@ static inline int64_t as_matmul_panels(int64_t k, int64_t n) {
   return 1;
 }
 
-// GEMMs oneDNN ran, for tests and diagnostics (BLAS runs the others).
+// GEMMs oneDNN ran, for tests and diagnostics (as_few_rows_gemm or BLAS runs the others).
 AS_SHARED int64_t as_dnnl_matmul_runs = 0;
 extern "C" int64_t anyshape_dnnl_matmul_runs() {
   return __atomic_load_n(&as_dnnl_matmul_runs, __ATOMIC_RELAXED);
@@ -187,16 +192,18 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
 }
 
 // Few rows (decoding, short requests): the GEMM streams the weight from memory once, and
-// oneDNN's matmul reads its row-major packed copy at 11-15 GB/s at 1-16 rows, where the
+// oneDNN's matmul reads its row-major packed copy at 10-17 GB/s at 1-16 rows, where the
 // machine streams 25-36. as_few_rows_gemm reads its own copy, column panels of AS_FEW_NB
 // each stored [k][AS_FEW_NB] (zero past n), so every thread streams a contiguous run;
 // per panel AS_FEW_MR rows at a time keep 3 x AS_FEW_MR vector accumulators in registers
 // (12 of AVX2's 16, 24 of AVX-512's 32). A chain of 96 distinct 512 x 512 weights (100 MB,
 // 2-core AMD EPYC, Zen 4), ms per chain, this kernel against the routes it replaces: restricted
-// to AVX2, 1 row 4.0-4.4 / 7.7, 4 rows 3.7-5.2 / 6.5, 8 rows 4.7-6.4 / 8.8; with AVX-512
-// 4.5 / 6.1, 5.0 / 6.6, 6.1 / 6.9. In cache (one 768 x 768 weight, AVX2) 129 against
-// 116-121 GFLOP/s at 8 rows. The copy is the weight's size again, made for the sites
-// that meet a row count this small.
+// to AVX2, 1 row 2.95-3.7 / 7.7, 8 rows 4.5-5.1 / 8.8, 16 rows 6.7 / 9.0, 32 rows 10.7-10.8
+// / 10.2-11.2, 48 rows 15.9 / 15.5 (hence AS_FEW_ROWS); with AVX-512, 8 rows 4.6 / 6.9,
+// 32 rows 10.2 / 11.4, 48 rows 14.6 / 13.9 (docs/architecture.md, "GEMM routes per ISA").
+// The copy is the weight's size again, made for the sites that meet a row count this
+// small; a weight nobody watches is not copied (as_packed_weights) and takes the routes
+// below.
 #define AS_FEW_ROWS 32
 #ifdef __AVX512F__
 #define AS_FEW_V 16
@@ -241,11 +248,11 @@ static inline void as_few_tile(const float* __restrict__ a, int64_t lda,
 
 // c[m, n] (rows ldc apart) = a[m, k] @ the weight in as_few_pack's panels; m <= AS_FEW_ROWS.
 static void as_few_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
-                             const float* panels, float* c, int64_t ldc) {
+                             const float* packed, float* c, int64_t ldc) {
   const int64_t count = (n + AS_FEW_NB - 1) / AS_FEW_NB;
 #pragma omp parallel for schedule(static) if (n * k >= (1 << 15))
   for (int64_t p = 0; p < count; ++p) {
-    const float* w = panels + p * k * AS_FEW_NB;
+    const float* w = packed + p * k * AS_FEW_NB;
     const int64_t cols = as_min64(AS_FEW_NB, n - p * AS_FEW_NB);
     float* out = c + p * AS_FEW_NB;
     int64_t r = 0;
@@ -268,19 +275,25 @@ static void as_few_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
   }
 }
 
-// The site's weight (as the model holds it) into as_few_rows_gemm's panels.
-static void as_few_pack(const void* site, const float* w, float* to) {
-  const AsMatmulSite* s = (const AsMatmulSite*)site;
+// The site's weight (as the model holds it) into as_few_rows_gemm's panels, one panel per
+// task over the threads: an [n, k] weight's rows transposed in 8x8 tiles (as_transpose2d),
+// a [k, n] one's rows copied; the last panel's columns past n zeroed.
+static void as_few_pack(const AsMatmulSite* s, const float* w, float* to) {
   const int64_t k = s->k, n = s->n, count = (n + AS_FEW_NB - 1) / AS_FEW_NB;
 #pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
-  for (int64_t p = 0; p < count; ++p)
-    for (int64_t kk = 0; kk < k; ++kk) {
-      float* row = to + (p * k + kk) * AS_FEW_NB;
-      for (int64_t j = 0; j < AS_FEW_NB; ++j) {
-        const int64_t col = p * AS_FEW_NB + j;
-        row[j] = col >= n ? 0.0f : s->transposed ? w[col * k + kk] : w[kk * n + col];
-      }
+  for (int64_t p = 0; p < count; ++p) {
+    const int64_t c0 = p * AS_FEW_NB, cols = as_min64(AS_FEW_NB, n - c0);
+    float* panel = to + p * k * AS_FEW_NB;
+    if (s->transposed) {
+      as_transpose2d<float>(w + c0 * k, k, panel, AS_FEW_NB, cols, k);
+    } else {
+      for (int64_t kk = 0; kk < k; ++kk)
+        memcpy(panel + kk * AS_FEW_NB, w + kk * n + c0, sizeof(float) * cols);
     }
+    if (cols < AS_FEW_NB)
+      for (int64_t kk = 0; kk < k; ++kk)
+        memset(panel + kk * AS_FEW_NB + cols, 0, sizeof(float) * (AS_FEW_NB - cols));
+  }
 }
 
 // GEMMs as_few_rows_gemm ran, for tests and diagnostics.
@@ -301,30 +314,36 @@ static bool as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, 
     if (dnnl_memory_desc_create_with_strides(&s->few, 3, dims, AS_DNNL_F32, strides))
       s->few = nullptr;
   }
-  const float* panels =
-      s->few ? as_packed_weights(&s->weights, w, nullptr, s->few, 1, 0, 0, 0, 0, as_few_pack, s)
-             : nullptr;
+  const float* packed = nullptr;
+  if (s->few) {
+    const AsPacker pack = {[](const void* site, const float* plain, float* to) {
+                             as_few_pack((const AsMatmulSite*)site, plain, to);
+                           }, s};
+    packed = as_packed_weights(&s->weights, w, nullptr, s->few, 1, 0, 0, 0, 0, &pack);
+  }
   pthread_mutex_unlock(&s->weights.mu);
-  if (!panels || panels == w) return false;
-  as_few_rows_gemm(m, s->n, s->k, a, panels, c, s->n);
+  if (!packed || packed == w) return false;  // (nobody watches w: the routes below)
+  as_few_rows_gemm(m, s->n, s->k, a, packed, c, s->n);
   __atomic_add_fetch(&as_few_rows_runs, 1, __ATOMIC_RELAXED);
   return true;
 }
 
-// c[m, n] = a[m, k] @ w, with w as the model holds it; false when oneDNN cannot run it,
-// the BLAS path is faster at m rows (unless the site runs every row count here), or
+// c[m, n] = a[m, k] @ w, with w as the model holds it: up to AS_FEW_ROWS rows through
+// as_few_rows_gemm (AS_MATMUL_AUTO), else oneDNN's matmul; false when oneDNN cannot run
+// it, the BLAS path is faster at m rows (unless AS_MATMUL_ALWAYS), or
 // w needs packing and nobody watches it (packing it on every call would cost more than it
 // saves): the caller's GEMM runs instead.
 AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
-  if (m <= AS_FEW_ROWS && !s->always && as_few_rows_matmul(s, a, w, c, m)) return true;
+  if (m <= AS_FEW_ROWS && s->mode == AS_MATMUL_AUTO && as_few_rows_matmul(s, a, w, c, m))
+    return true;
   int64_t panels = __atomic_load_n(&s->panels, __ATOMIC_RELAXED);
   if (!panels) {  // (a function of the site's shape and the ISA: any thread's value is it)
     panels = as_matmul_panels(s->k, s->n);
     __atomic_store_n(&s->panels, panels, __ATOMIC_RELAXED);
   }
   const int64_t np = s->n / panels;
-  if (!s->always && !as_matmul_pays(m, s->k, np, s->transposed)) return false;
+  if (s->mode != AS_MATMUL_ALWAYS && !as_matmul_pays(m, s->k, np, s->transposed)) return false;
   // A panel's first weight, in the model's layout, and its first output column.
   const int64_t step = s->transposed ? np * s->k : np;
   pthread_mutex_lock(&s->weights.mu);
@@ -359,8 +378,8 @@ AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* 
 
 // The site of a family's kernel for a [k, n] weight (see as_site_for).
 __attribute__((noipa)) AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
-                                                            int64_t transposed, int64_t always) {
-  const int64_t geometry[4] = {k, n, transposed, always};
+                                                            int64_t transposed, int64_t mode) {
+  const int64_t geometry[4] = {k, n, transposed, mode};
   return as_site_for<AsMatmulSite>(t, geometry, 4);
 }
 #endif  // AS_DNNL_GLUE_OBJECT

@@ -43,8 +43,8 @@ def dnnl_site(kind: str, geometry: list[str]) -> str:
 def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> Guarded:
     k, n = (w.shape[1], w.shape[0]) if transposed else (w.shape[0], w.shape[1])
     pa, pw, pc = scope.ptr(root.inputs[0]), scope.ptr(w), scope.ptr(root)  # (a is packed)
-    always = int(scope.sched.routes[id(root)].always)
-    geometry = [scope.dim(k), scope.dim(n), str(int(transposed)), str(always)]
+    mode = scope.sched.routes[id(root)].site_mode
+    geometry = [scope.dim(k), scope.dim(n), str(int(transposed)), str(mode)]
     call = [
         *dnnl_site("AsMatmulSite", geometry).split("\n"),
         f"if (as_dnnl_matmul(&dnnl_site, (const float*){pa}, (const float*){pw}, (float*){pc}, "

@@ -55,6 +55,7 @@ class CpuSettings:
     """What ``Options`` says to the CPU backend's planning and emission."""
 
     dnnl_matmul: str = "auto"  # one of the option's choices (config.py)
+    few_rows_gemm: bool = True  # up to 32 rows on the runtime's own GEMM (dnnl_matmul.h)
     dnnl_conv: str = "channels_last"  # one of the option's choices (config.py)
     conv_post_ops: bool = False  # convolution epilogues as oneDNN post-ops (post_ops.py)
 
@@ -62,6 +63,7 @@ class CpuSettings:
     def from_options(options: Options) -> CpuSettings:
         return CpuSettings(
             dnnl_matmul=options.dnnl_matmul,
+            few_rows_gemm=options.few_rows_gemm,
             dnnl_conv=options.dnnl_conv,
             conv_post_ops=options.conv_post_ops,
         )
@@ -76,12 +78,22 @@ class Route:
     as_matmul: bool = False  # a channels-last 1x1 convolution run as oneDNN's matmul
     always: bool = False  # the matmul runs every row count (else per ISA, as_matmul_pays)
     post_ops: PostOps | None = None  # the convolution's epilogue as oneDNN post-ops
+    few_rows: bool = True  # up to 32 rows on as_few_rows_gemm (not with ``always``)
+
+    @property
+    def site_mode(self) -> int:
+        """The matmul site's ``mode`` (dnnl_matmul.h): 1 every row count on oneDNN's
+        matmul, 0 few rows on the runtime's own GEMM and more where the matmul wins, 2 the
+        matmul where it wins."""
+        return 1 if self.always else 0 if self.few_rows else 2
 
     @property
     def description(self) -> str:
         what = "oneDNN matmul" if self.header == "dnnl_matmul.h" else "oneDNN convolution"
         if self.header == "dnnl_matmul.h" and not self.always:
             what += " where it wins"
+            if self.few_rows:
+                what = "own GEMM up to 32 rows, " + what
         if self.post_ops:
             what += " with its epilogue as post-ops"
         return f"{what}, weight {self.weight.attr('name')}"
@@ -124,7 +136,8 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
         return None  # (the BLAS GEMM of its pixels, as for a linear layer)
     header = "dnnl_matmul.h" if as_matmul else "dnnl_conv.h"
     always = settings.dnnl_matmul == "always"
-    return Route(header, root.inputs[1], as_matmul, always, post_ops=fused)
+    few = settings.few_rows_gemm and as_matmul
+    return Route(header, root.inputs[1], as_matmul, always, post_ops=fused, few_rows=few)
 
 
 def _runs_as_matmul(root: Node) -> bool:
@@ -149,5 +162,6 @@ def _matmul_route(sched, root: Node, settings: CpuSettings) -> Route | None:
     w = sched.transposed_operands.get(id(root.inputs[1]), root.inputs[1])
     static = all(isinstance(d, int) and d > 0 for d in w.shape)
     if a is None and w.op == "param" and w.rank == 2 and static:
-        return Route("dnnl_matmul.h", w, always=settings.dnnl_matmul == "always")
+        always = settings.dnnl_matmul == "always"
+        return Route("dnnl_matmul.h", w, always=always, few_rows=settings.few_rows_gemm)
     return None
