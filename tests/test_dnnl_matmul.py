@@ -388,8 +388,10 @@ def test_one_model_called_from_several_threads_at_different_row_counts():
 
 
 def test_a_constant_weight_does_not_switch_the_watch_off():
-    """A packed weight the model does not name (a tensor captured as a constant) is left
-    out of the watch; the model's own weights stay packed and watched."""
+    """A packed weight the model does not name (a tensor captured as a constant) does not
+    switch the watch off: the model's own weights stay packed and watched, and so is the
+    constant, through the compiled graph that holds it. (Compiled cold: a model restored
+    from the model cache holds the constant's saved value, architecture.md.)"""
     constant = torch.randn(41, 17)
 
     class WithConstant(Mlp):
@@ -398,7 +400,8 @@ def test_a_constant_weight_does_not_switch_the_watch_off():
 
     torch.manual_seed(6)
     model = WithConstant().eval()
-    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    example = (torch.randn(2, 5, 37),)
+    opt = anyshape.optimize(model, example, backend="cpu", model_cache=False)
     assert opt._weights_watch is not None
     assert len(opt.report.clusters[0].compiled.native.packed_params) == 4
     x = torch.randn(3, 12, 37)  # (36 rows: the matmul, above the few-rows kernel's 32)
