@@ -374,15 +374,13 @@ struct AsPacker {
 // and again after `anyshape_weights_changed()`; `plain` itself for weights nobody watches
 // (the caller decides what to do with them); null when out of memory or oneDNN failed.
 // With `panels` > 1, `plain_md` describes one panel, the k-th at `plain + k * step`, and
-// the packed panels follow each other `as_packed_panel_floats(md)` apart. With `rows` > 0,
-// `md` is a panel's `rows` x `cols` row-major weights transposed (a linear layer's weight
-// as the matmul reads it), copied by as_pack_transposed instead of oneDNN's reorder. With
-// `pack`, the caller's own function lays each panel out as `md`.
+// the packed panels follow each other `as_packed_panel_floats(md)` apart. Each panel is
+// laid out by oneDNN's reorder, or by `pack`, the caller's own function (a linear layer's
+// weight transposed by as_pack_transposed, the few-rows kernel's column panels).
 static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
                                       const_dnnl_memory_desc_t plain_md,
                                       const_dnnl_memory_desc_t md, int64_t panels = 1,
-                                      int64_t step = 0, int64_t rows = 0, int64_t cols = 0,
-                                      int64_t ld = 0, const AsPacker* pack = nullptr) {
+                                      int64_t step = 0, const AsPacker* pack = nullptr) {
   const uint64_t gen = __atomic_load_n(&as_weights_generation, __ATOMIC_SEQ_CST);
   AsPackedWeights* p = nullptr;
   for (int64_t k = 0; k < c->npacked && !p; ++k)
@@ -410,8 +408,6 @@ static const float* as_packed_weights(AsWeightsCache* c, const float* plain,
     float* to = p->data + k * as_packed_panel_floats(md);
     if (pack)
       pack->fn(pack->site, plain + k * step, to);
-    else if (rows > 0)
-      as_pack_transposed(plain + k * step, rows, cols, to, ld ? ld : rows);
     else if (!as_dnnl_pack(plain_md, plain + k * step, p->md, to))
       return nullptr;
   }

@@ -319,7 +319,7 @@ static bool as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, 
     const AsPacker pack = {[](const void* site, const float* plain, float* to) {
                              as_few_pack((const AsMatmulSite*)site, plain, to);
                            }, s};
-    packed = as_packed_weights(&s->weights, w, nullptr, s->few, 1, 0, 0, 0, 0, &pack);
+    packed = as_packed_weights(&s->weights, w, nullptr, s->few, 1, 0, &pack);
   }
   pthread_mutex_unlock(&s->weights.mu);
   if (!packed || packed == w) return false;  // (nobody watches w: the routes below)
@@ -352,11 +352,16 @@ AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* 
     s->made = true;
     s->broken = !as_matmul_make(s);
   }
+  // (A panel transposed row-major, rows s->ld apart: as_pack_transposed; else a reorder.)
+  const AsPacker transpose = {[](const void* site, const float* plain, float* to) {
+                                const AsMatmulSite* t = (const AsMatmulSite*)site;
+                                as_pack_transposed(plain, t->n / t->panels, t->k, to, t->ld);
+                              }, s};
   const float* packed =
       s->broken     ? nullptr
       : s->in_place ? w
                     : as_packed_weights(&s->weights, w, s->plain, s->packed, panels, step,
-                                        s->transposes ? np : 0, s->k, s->ld);
+                                        s->transposes ? &transpose : nullptr);
   pthread_mutex_unlock(&s->weights.mu);
   if (!packed || (packed == w && !s->in_place)) return false;
   const int64_t next = s->in_place ? step : as_packed_panel_floats(s->packed);

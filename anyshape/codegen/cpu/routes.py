@@ -136,7 +136,7 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
         return None  # (the BLAS GEMM of its pixels, as for a linear layer)
     header = "dnnl_matmul.h" if as_matmul else "dnnl_conv.h"
     always = settings.dnnl_matmul == "always"
-    few = settings.few_rows_gemm and as_matmul
+    few = settings.few_rows_gemm
     return Route(header, root.inputs[1], as_matmul, always, post_ops=fused, few_rows=few)
 
 
