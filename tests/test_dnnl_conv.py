@@ -197,9 +197,9 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     """A channels-last 1x1 convolution is one GEMM of the batch's pixels by the weight:
     the rule of linear layers routes it by its row count (N x H x W): up to 32 rows the
     few-rows kernel; above, oneDNN's matmul where ``as_matmul_pays`` says it beats the
-    BLAS path on the ISA oneDNN runs (with AVX-512 from 33 rows, with AVX2 to 511 on
-    weights at most 3x wider than deep or cut into such panels, which 16 -> 64 is too
-    narrow for), else BLAS."""
+    BLAS path on the ISA oneDNN runs (from 33 rows, with AVX2 on weights at most 3x
+    wider than deep or cut into such panels, which 16 -> 64 is too narrow for), else
+    BLAS."""
     from test_dnnl_matmul import _panels
 
     torch.manual_seed(3)
@@ -217,7 +217,7 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
             ((3, 6), 0, 1, 1),  # 36 rows
             ((8, 7), 0, 1, 1),  # 112 rows
             ((8, 8), 0, 1, 1),  # 128 rows
-            ((16, 16), 0, 1, 0),  # 512 rows
+            ((16, 16), 0, 1, 1),  # 512 rows
         ]:
             x = torch.randn(2, cin, h, w)
             before, few_before = runs(), few()

@@ -98,8 +98,7 @@ def _avx512(opt) -> bool:
 @pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
 def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     """``dnnl_matmul="auto"``: up to 32 rows the few-rows kernel on its own panels, on
-    every ISA; from 33 rows with AVX-512 the matmul; with AVX2 the matmul to 511 rows, for
-    weights at most 3x wider than deep or cut into such panels of 256 columns or more
+    every ISA; from 33 rows the matmul, with AVX2 for weights at most 3x wider than deep or cut into such panels of 256 columns or more
     (``as_matmul_pays``, ``as_matmul_panels``, measured per ISA): 16 x 64 has no such cut
     and takes BLAS; wide weights cut into panels run in a test of their own below."""
     torch.manual_seed(7)
@@ -107,7 +106,7 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
     wide = n > 3 * k and _panels(k, n) == 1
     rows_on = [(1, 1, 0, 0), (3, 1, 0, 0), (8, 1, 0, 0), (32, 1, 0, 0)]
-    rows_on += [(33, 0, 1, 1), (511, 0, 1, 1), (512, 0, 1, 0)]
+    rows_on += [(33, 0, 1, 1), (511, 0, 1, 1), (512, 0, 1, 1), (1100, 0, 1, 1)]
     with torch.no_grad():
         for rows, few, avx512, avx2 in rows_on:
             x = torch.randn(1, rows, k)
@@ -178,7 +177,7 @@ def test_a_k_by_n_weight_takes_the_matmul_from_33_rows_on_every_isa():
 def test_a_vocabulary_head_takes_the_matmul_on_every_isa():
     """A weight over 3x wider than deep that no panel cut fits and over half the L3 (a
     vocabulary head: GPT-2's 768 x 50257) runs oneDNN's matmul whole above the few-rows
-    kernel's 32 rows (``as_matmul_pays``): with AVX2 too, to 511 rows."""
+    kernel's 32 rows (``as_matmul_pays``): with AVX2 too."""
     from anyshape.codegen.cpu.build import l3_cache_bytes
 
     k = 256
@@ -187,7 +186,7 @@ def test_a_vocabulary_head_takes_the_matmul_on_every_isa():
     torch.manual_seed(9)
     head = torch.nn.Linear(k, n, bias=False).eval()
     opt = anyshape.optimize(head, (torch.randn(2, 3, k),), backend="cpu")
-    rows_on = [(1, 0, 0), (32, 0, 0), (33, 1, 1), (511, 1, 1), (512, 1, 0)]
+    rows_on = [(1, 0, 0), (32, 0, 0), (33, 1, 1), (511, 1, 1), (512, 1, 1)]
     with torch.no_grad():
         for rows, avx512, avx2 in rows_on:
             x = torch.randn(1, rows, k)
@@ -235,9 +234,9 @@ with torch.no_grad():
         for got, want in zip(opt(x), model(x)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
         assert _runs(opt) - before == (2 if b * s else 0), (b, s)
-# ``auto``: panels of 256 run from 33 to 511 rows; a weight too narrow to cut takes BLAS.
+# ``auto``: panels of 256 run from 33 rows; a weight too narrow to cut takes BLAS.
 for k, n, rows, want in [
-    (256, 1024, 40, 1), (256, 1024, 200, 1), (256, 1024, 600, 0), (128, 512, 40, 0)
+    (256, 1024, 40, 1), (256, 1024, 200, 1), (256, 1024, 600, 1), (128, 512, 40, 0)
 ]:
     layer = torch.nn.Linear(k, n).eval()
     auto = anyshape.optimize(layer, (torch.randn(3, k),))

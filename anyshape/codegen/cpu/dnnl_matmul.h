@@ -50,32 +50,35 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 // - below 4 rows the sgemm path wins on both (AVX-512: 156-259 GFLOP/s against 85-260 at
 //   2-3 rows);
 // - with AVX-512 the matmul wins from 4 rows up (390-515 against 215-290 at 64-1024 rows);
-// - with AVX2 it wins from 4 to 127 rows on weights at most 3x wider than deep (BERT's,
-//   T5's attention and down projections: 180-270 against 90-225), and loses on wider ones
-//   (512x2048, 768x3072: 100-165 against 150-230), which therefore run as panels of such
-//   a shape (as_matmul_panels: `n` here is a panel's width), and from 128 rows up (level
-//   or behind);
-// - with AVX2 and the packed panels' rows a cache line apart (as_packed_ld; Zen 4
-//   restricted to AVX2, T5's, BERT's and GPT-2's weights) it wins to 511 rows (at 128-256
-//   rows 205-223 against 173-209) and is level or behind from 512 rows (at 1024 rows
-//   179-214 against 204-213).
+// - with AVX2 it wins from 4 rows up on weights at most 3x wider than deep (BERT's, T5's
+//   attention and down projections: 180-270 against 90-225 to 127 rows) and loses on
+//   wider ones (512x2048, 768x3072: 100-165 against 150-230), which therefore run as
+//   panels of such a shape (as_matmul_panels: `n` here is a panel's width). With the
+//   packed panels' rows a cache line apart (as_packed_ld) it also wins from 512 rows in a
+//   model, whose weights stream from memory, though one cached weight called again and
+//   again (`benchmarks.gemm_routes`) showed the two level there: chains of distinct
+//   layers (T5-small's 512 / 2048 and BERT's 768 / 3072, 40-72 MB of weights), GFLOP/s
+//   matmul against the BLAS path, 512 rows 186-192 / 172-174, 1024 rows 176-198 /
+//   169-182, 2048 and 4096 rows 170-194 / 163-192; whole models, interleaved in one
+//   process (ms): T5-small 4 x 128 157 -> 152, 3 x 200 210 -> 189, BERT-base 4 x 128
+//   531 -> 493, 3 x 200 643 -> 590, GPT-2 small 8 x 128 1593 -> 1533, BERT-base 8 x 128
+//   level; ResNet-50's 1x1 convolutions level.
 // - with AVX-512 and a weight stored [n, k] (nn.Linear), the sgemm path, reading the
 //   weight in place, wins again at 4-8 rows in a model whose weights stream from memory
 //   (whole models, `profile`-free, interleaved: BERT-base at 1 x 8 tokens 25.0 -> 20.1 ms,
 //   1 x 4 19.8 -> 18.1, T5-small at 1 x 8 11.4 -> 10.7; level at 16 rows, behind from 32;
 //   with AVX2 level or behind, and for GPT-2's [k, n] weights behind).
 // - a vocabulary head (a weight over 3x wider than deep that no panel cut fits, streaming
-//   from memory: over half the L3) runs the matmul whole, also with AVX2 (to 511 rows):
-//   768 x 50257 (GPT-2's, tied to its embedding) and 512 x 32128, `benchmarks.gemm_routes`,
-//   matmul against the BLAS path, restricted to AVX2, 83-93 / 55 GFLOP/s at 16 rows,
-//   176-184 / 119-123 at 64, level or behind from 512. (Up to AS_FEW_ROWS rows a watched
-//   weight runs as_few_rows_gemm before any of this.)
+//   from memory: over half the L3) runs the matmul whole, also with AVX2: 768 x 50257
+//   (GPT-2's, tied to its embedding) and 512 x 32128, `benchmarks.gemm_routes`, matmul
+//   against the BLAS path, restricted to AVX2, 83-93 / 55 GFLOP/s at 16 rows, 176-184 /
+//   119-123 at 64, level from 512 (199 / 198 at 512, 211 / 203 at 1024). (Up to
+//   AS_FEW_ROWS rows a watched weight runs as_few_rows_gemm before any of this.)
 static inline bool as_matmul_pays(int64_t m, int64_t k, int64_t n, bool transposed) {
-  if (n > 3 * k && n * k * (int64_t)sizeof(float) > (int64_t)AS_L3_BYTES / 2)
-    return m >= 4 && (as_dnnl_avx512() || m < 512);
+  if (n > 3 * k && n * k * (int64_t)sizeof(float) > (int64_t)AS_L3_BYTES / 2) return m >= 4;
   if (m < 4) return false;
   if (as_dnnl_avx512()) return !(transposed && m <= 8);
-  return m < 512 && n <= 3 * k;
+  return n <= 3 * k;
 }
 
 // Column panels a [k, n] weight's matmul runs as: with AVX2, oneDNN's matmul on a weight
