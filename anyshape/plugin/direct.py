@@ -146,6 +146,10 @@ def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
         (0, executable.output_slots[v]) if kind == "cluster" else (kinds[kind], v)
         for kind, v in plan.outputs
     )
+    flat = flat_inputs.num_args + len(flat_inputs.keys)
+    counts = (flat, len(plan.order), len(library._out_types), len(outputs))
+    if max(counts) > module.torchcall_max:
+        return None  # (a model of more inputs or outputs than TorchCall holds: the general path)
     spec = plan.out_spec
     if spec.is_leaf():
         form = 0

@@ -20,7 +20,8 @@ PyMODINIT_FUNC PyInit__anyshape_fastcall(void) {
   PyObject* m = PyModule_Create(&module);
   if (!m) return NULL;
   if (PyModule_AddType(m, &TorchCallType) < 0 || PyModule_AddType(m, &ModuleCallType) < 0 ||
-      PyModule_AddStringConstant(m, "source_digest", ANYSHAPE_FASTCALL_DIGEST) < 0) {
+      PyModule_AddStringConstant(m, "source_digest", ANYSHAPE_FASTCALL_DIGEST) < 0 ||
+      PyModule_AddIntConstant(m, "torchcall_max", TC_MAX) < 0) {
     Py_DECREF(m);
     return NULL;
   }
