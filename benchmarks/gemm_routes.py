@@ -12,6 +12,12 @@ dynamic dim):
 - ``auto``: what anyshape picks (``as_matmul_pays`` and ``as_small_sgemm_fits`` in
   the CPU runtime, chosen from these measurements for the ISA oneDNN runs).
 
+``--chain``: each shape as that many distinct layers, all reading the input, that their
+weights together are over twice the L3: as in a model, each weight streams from
+memory, where one layer called again and again is read from cache. The routes were
+chosen from this measurement where the two disagree (docs/architecture.md, "GEMM routes
+per ISA").
+
 To measure the AVX2 routes on an AVX-512 machine, run it under
 ``python -m benchmarks.avx2_only --`` (docs/performance.md, "Restricting to AVX2").
 """
@@ -55,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--weights", help="k x n shapes instead of the defaults, e.g. 64x256,1024x256"
     )
+    parser.add_argument(
+        "--chain", action="store_true", help="distinct layers over twice the L3 per shape"
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -71,18 +80,45 @@ def main(argv: list[str] | None = None) -> None:
     if args.weights:
         weights = [tuple(int(d) for d in w.split("x")) for w in args.weights.split(",")]
     for k, n in weights:
-        layer = torch.nn.Linear(k, n, bias=False).eval()
+        count = _chain_length(k, n) if args.chain else 1
+        layer = _layers(k, n, count).eval()
         example = (torch.randn(8, k),)
         compiled = [anyshape.optimize(layer, example, **ROUTES[r]) for r in routes]
         cells = []
         with torch.no_grad():
             for m in rows:
                 x = torch.randn(m, k)
-                flops = 2 * m * k * n
+                flops = 2 * m * k * n * count
                 reps = max(3, min(2000, int(1e9 / flops)))
                 rates = [flops / _median_seconds(c, x, reps) / 1e9 for c in compiled]
                 cells.append("/".join(f"{r:.0f}" for r in rates))
-        print(f"| {k} x {n} | " + " | ".join(cells) + " |", flush=True)
+        name = f"{k} x {n}" + (f" (x{count})" if args.chain else "")
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+def _chain_length(k: int, n: int) -> int:
+    """How many distinct k x n weights are together over twice the L3."""
+    from anyshape.codegen.cpu.build import l3_cache_bytes
+
+    return max(2, -(-2 * l3_cache_bytes() // (4 * k * n)) + 1)
+
+
+def _layers(k: int, n: int, count: int):
+    """``count`` distinct k x n linear layers, each reading the input: one output each."""
+    import torch
+
+    class Layers(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(
+                torch.nn.Linear(k, n, bias=False) for _ in range(count)
+            )
+
+        def forward(self, x):
+            outs = tuple(layer(x) for layer in self.layers)
+            return outs[0] if count == 1 else outs
+
+    return Layers()
 
 
 if __name__ == "__main__":
