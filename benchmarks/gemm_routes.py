@@ -14,9 +14,9 @@ dynamic dim):
 
 ``--chain``: each shape as that many distinct layers, all reading the input, that their
 weights together are over twice the L3: as in a model, each weight streams from
-memory, where one layer called again and again is read from cache. The routes were
-chosen from this measurement where the two disagree (docs/architecture.md, "GEMM routes
-per ISA").
+memory, where one layer called again and again is read from cache. Where the two
+disagree, whole models decided the routes (docs/architecture.md, "GEMM routes per
+ISA").
 
 To measure the AVX2 routes on an AVX-512 machine, run it under
 ``python -m benchmarks.avx2_only --`` (docs/performance.md, "Restricting to AVX2").

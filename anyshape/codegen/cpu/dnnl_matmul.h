@@ -54,15 +54,17 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   attention and down projections: 180-270 against 90-225 to 127 rows) and loses on
 //   wider ones (512x2048, 768x3072: 100-165 against 150-230), which therefore run as
 //   panels of such a shape (as_matmul_panels: `n` here is a panel's width). With the
-//   packed panels' rows a cache line apart (as_packed_ld) it also wins from 512 rows in a
-//   model, whose weights stream from memory, though one cached weight called again and
-//   again (`benchmarks.gemm_routes`) showed the two level there: chains of distinct
-//   layers (T5-small's 512 / 2048 and BERT's 768 / 3072, 40-72 MB of weights), GFLOP/s
-//   matmul against the BLAS path, 512 rows 186-192 / 172-174, 1024 rows 176-198 /
-//   169-182, 2048 and 4096 rows 170-194 / 163-192; whole models, interleaved in one
-//   process (ms): T5-small 4 x 128 157 -> 152, 3 x 200 210 -> 189, BERT-base 4 x 128
-//   531 -> 493, 3 x 200 643 -> 590, GPT-2 small 8 x 128 1593 -> 1533, BERT-base 8 x 128
-//   level; ResNet-50's 1x1 convolutions level.
+//   packed panels' rows a cache line apart (as_packed_ld) it also leads from 512 rows in
+//   whole models, whose weights stream from memory (interleaved in one process, ms, BLAS
+//   -> matmul: T5-small 4 x 128 157 -> 152, 3 x 200 210 -> 189, 8 x 256 767 -> 756;
+//   BERT-base 4 x 128 531 -> 493, 3 x 200 643 -> 590, 8 x 256 2480 -> 2399, 4 x 512 2362
+//   -> 2259; GPT-2 small 4 x 128 757 -> 720, 8 x 128 1593 -> 1533, 8 x 256 2787 -> 2639;
+//   level: BERT-base 8 x 128 and 16 x 128, T5-small 16 x 128, ResNet-50's 1x1
+//   convolutions). One cached weight called again and again (`benchmarks.gemm_routes`)
+//   had the two level from 512 rows; distinct weights all reading one input (`--chain`)
+//   have the matmul ahead at 512 rows (161-178 against 126-176 GFLOP/s), mixed at 1024
+//   and behind at 2048 (157-183 against 168-203), where that input stays in cache and
+//   each layer writes an output of its own, as a model's layers do not.
 // - with AVX-512 and a weight stored [n, k] (nn.Linear), the sgemm path, reading the
 //   weight in place, wins again at 4-8 rows in a model whose weights stream from memory
 //   (whole models, `profile`-free, interleaved: BERT-base at 1 x 8 tokens 25.0 -> 20.1 ms,
