@@ -13,8 +13,8 @@ dynamic dim):
   the CPU runtime, chosen from these measurements for the ISA oneDNN runs).
 
 ``--chain``: each shape as that many distinct layers, all reading the input, that their
-weights together are over twice the L3: as in a model, each weight streams from
-memory, where one layer called again and again is read from cache. Where the two
+weights together are over twice the L3 (at most 64 layers): as in a model, each weight
+streams from memory, where one layer called again and again is read from cache. Where the two
 disagree, whole models decided the routes (docs/architecture.md, "GEMM routes per
 ISA").
 
@@ -96,11 +96,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
 
 
+CHAIN_MOST = 64  # layers: more would time Python's handling of their outputs
+
+
 def _chain_length(k: int, n: int) -> int:
-    """How many distinct k x n weights are together over twice the L3."""
+    """How many distinct k x n weights are together over twice the L3, at most
+    ``CHAIN_MOST`` (a weight under 1 / 32 of the L3 then stays short of it)."""
+    return min(CHAIN_MOST, max(2, -(-2 * _l3_bytes() // (4 * k * n)) + 1))
+
+
+def _l3_bytes() -> int:
     from anyshape.codegen.cpu.build import l3_cache_bytes
 
-    return max(2, -(-2 * l3_cache_bytes() // (4 * k * n)) + 1)
+    return l3_cache_bytes()
 
 
 def _layers(k: int, n: int, count: int):

@@ -156,11 +156,10 @@ def test_compile_time_runs_cold_then_warm_and_checks_the_result(tmp_path, capsys
 
 def test_gemm_routes_chains_distinct_weights_over_twice_the_l3(monkeypatch, capsys):
     """``--chain``: as many distinct layers of each shape as are over twice the L3 (here
-    a 4 KB one: 7 of 16 x 24), timed on each route; one layer without it."""
-    import anyshape.codegen.cpu.build as build
+    a 4 KB one: 7 of 16 x 24), timed on each route; one layer without it; at most 64."""
     from benchmarks import gemm_routes
 
-    monkeypatch.setattr(build, "l3_cache_bytes", lambda: 4096)
+    monkeypatch.setattr(gemm_routes, "_l3_bytes", lambda: 4096)
     args = ["--rows", "2,40", "--weights", "16x24", "--routes", "matmul,openblas"]
     for extra, want in ((["--chain"], "16 x 24 (x7)"), ([], "16 x 24")):
         gemm_routes.main(args + extra)
@@ -168,6 +167,8 @@ def test_gemm_routes_chains_distinct_weights_over_twice_the_l3(monkeypatch, caps
         name, *cells = [c.strip() for c in row.strip("|").split("|")]
         assert name == want, row
         assert len(cells) == 2 and all(float(r) >= 0 for c in cells for r in c.split("/")), row
+    monkeypatch.setattr(gemm_routes, "_l3_bytes", lambda: 1 << 30)
+    assert gemm_routes._chain_length(16, 24) == gemm_routes.CHAIN_MOST
 
 
 def test_onnx_mode_runs_one_exported_file_through_three_backends(monkeypatch):

@@ -98,9 +98,10 @@ def _avx512(opt) -> bool:
 @pytest.mark.parametrize("k, n", [(48, 40), (16, 64)])
 def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     """``dnnl_matmul="auto"``: up to 32 rows the few-rows kernel on its own panels, on
-    every ISA; from 33 rows the matmul, with AVX2 for weights at most 3x wider than deep or cut into such panels of 256 columns or more
-    (``as_matmul_pays``, ``as_matmul_panels``, measured per ISA): 16 x 64 has no such cut
-    and takes BLAS; wide weights cut into panels run in a test of their own below."""
+    every ISA; from 33 rows the matmul, with AVX2 for weights at most 3x wider than deep
+    or cut into such panels of 256 columns or more (``as_matmul_pays``,
+    ``as_matmul_panels``, measured per ISA): 16 x 64 has no such cut and takes BLAS;
+    wide weights cut into panels run in a test of their own below."""
     torch.manual_seed(7)
     model = torch.nn.Linear(k, n).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")

@@ -116,8 +116,9 @@ def native_call(plan: DirectPlan, flat_inputs: FlatInputs):
     """``plan`` as one ``TorchCall`` taking the model's ``(*args, **kwargs)``, or ``None``.
 
     ``None`` unless the inputs are plain leaves, the cluster is a native library
-    with no run-time symbols and no pass-through outputs, and its prologue checks
-    all the model prologue does: every input, with the same dims, ranges and guards.
+    with no run-time symbols and no pass-through outputs, its prologue checks all
+    the model prologue does (every input, with the same dims, ranges and guards),
+    and the model has at most ``torchcall_max`` (64) inputs and outputs.
     """
     from ..frontends.torch.symbols import DTYPE_TO_TORCH
     from ..runtime.fastcall import fastcall

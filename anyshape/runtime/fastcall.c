@@ -66,6 +66,7 @@ static PyObject* call(PyObject* self, PyObject* args) {
       n <= 8 ? stack_in : (anyshape_tensor*)PyMem_Malloc(sizeof(anyshape_tensor) * (size_t)n);
   PyObject** held = (PyObject**)PyMem_Malloc(sizeof(PyObject*) * (size_t)(n ? n : 1));
   Py_ssize_t n_held = 0;
+  int64_t* ext_heap = NULL; /* run-time symbols past the 16 on the stack */
   PyObject* result = NULL;
   if (!ins || !held) {
     PyErr_NoMemory();
@@ -109,10 +110,14 @@ static PyObject* call(PyObject* self, PyObject* args) {
   }
   {
     Py_ssize_t n_extra = PyTuple_GET_SIZE(extra);
-    int64_t ext[16];
+    int64_t ext_stack[16];
+    int64_t* ext = ext_stack;
     if (n_extra > 16) {
-      PyErr_SetString(kernel_error, "too many run-time symbols");
-      goto done;
+      ext = ext_heap = (int64_t*)PyMem_Malloc(sizeof(int64_t) * (size_t)n_extra);
+      if (!ext) {
+        PyErr_NoMemory();
+        goto done;
+      }
     }
     for (Py_ssize_t k = 0; k < n_extra; ++k) {
       ext[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(extra, k));
@@ -162,6 +167,7 @@ static PyObject* call(PyObject* self, PyObject* args) {
     if (outs != outs_stack) PyMem_Free(outs);
   }
 done:
+  PyMem_Free(ext_heap);
   for (Py_ssize_t k = 0; k < n_held; ++k) Py_DECREF(held[k]);
   if (held) PyMem_Free(held);
   if (ins && ins != stack_in) PyMem_Free(ins);
