@@ -59,7 +59,8 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   -> matmul: T5-small 4 x 128 157 -> 152, 3 x 200 210 -> 189, 8 x 256 767 -> 756;
 //   BERT-base 4 x 128 531 -> 493, 3 x 200 643 -> 590, 8 x 256 2480 -> 2399, 4 x 512 2362
 //   -> 2259; GPT-2 small 4 x 128 757 -> 720, 8 x 128 1593 -> 1533, 8 x 256 2787 -> 2639;
-//   level: BERT-base 8 x 128 and 16 x 128, T5-small 16 x 128, ResNet-50's 1x1
+//   level: BERT-base 8 x 128, 16 x 128 and 8 x 512 (4656 / 4505 in one run, 4741 / 4908
+//   in the next), T5-small 16 x 128 and 8 x 512, GPT-2 small 8 x 512, ResNet-50's 1x1
 //   convolutions). One cached weight called again and again (`benchmarks.gemm_routes`)
 //   had the two level or BLAS ahead from 512 rows; distinct weights all reading one input (`--chain`)
 //   have the matmul ahead at 512 rows (161-178 against 126-176 GFLOP/s), mixed at 1024
