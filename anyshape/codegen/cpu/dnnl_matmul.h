@@ -62,10 +62,11 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   level: BERT-base 8 x 128, 16 x 128 and 8 x 512 (4656 / 4505 in one run, 4741 / 4908
 //   in the next), T5-small 16 x 128 and 8 x 512, GPT-2 small 8 x 512, ResNet-50's 1x1
 //   convolutions). One cached weight called again and again (`benchmarks.gemm_routes`)
-//   had the two level or BLAS ahead from 512 rows; distinct weights all reading one input (`--chain`)
-//   have the matmul ahead at 512 rows (161-178 against 126-176 GFLOP/s), mixed at 1024
-//   and behind at 2048 (157-183 against 168-203), where that input stays in cache and
-//   each layer writes an output of its own, as a model's layers do not.
+//   had the two level or BLAS ahead from 512 rows; distinct weights all reading one
+//   input (`--chain`) have the matmul ahead at 512 rows (161-178 against 126-176
+//   GFLOP/s), mixed at 1024 and behind at 2048 (157-183 against 168-203), where that
+//   input stays in cache and each layer writes an output of its own, as a model's
+//   layers do not.
 // - with AVX-512 and a weight stored [n, k] (nn.Linear), the sgemm path, reading the
 //   weight in place, wins again at 4-8 rows in a model whose weights stream from memory
 //   (whole models, `profile`-free, interleaved: BERT-base at 1 x 8 tokens 25.0 -> 20.1 ms,
