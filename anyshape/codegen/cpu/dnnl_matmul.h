@@ -63,7 +63,7 @@ AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
 //   in the next), T5-small 16 x 128 and 8 x 512, GPT-2 small 8 x 512, ResNet-50's 1x1
 //   convolutions). One cached weight called again and again (`benchmarks.gemm_routes`)
 //   had the two level or BLAS ahead from 512 rows; distinct weights all reading one
-//   input (`--chain`) have the matmul ahead at 512 rows (161-178 against 126-176
+//   input (`--chain`) have the matmul ahead at 512 rows (149-178 against 126-176
 //   GFLOP/s), mixed at 1024 and behind at 2048 (157-183 against 168-203), where that
 //   input stays in cache and each layer writes an output of its own, as a model's
 //   layers do not.
