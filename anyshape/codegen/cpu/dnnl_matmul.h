@@ -223,11 +223,11 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
 typedef float AsFewVec __attribute__((vector_size(AS_FEW_V * 4)));
 typedef float AsFewLoad __attribute__((vector_size(AS_FEW_V * 4), aligned(4)));
 
-// c[R, cols] = a[R, k] @ one panel w [k][AS_FEW_NB] (cols <= AS_FEW_NB of it kept).
+// c[R, cols] = a[R, k] (rows k apart) @ one panel w [k][AS_FEW_NB] (cols <= AS_FEW_NB of
+// it kept).
 template <int R>
-static inline void as_few_tile(const float* __restrict__ a, int64_t lda,
-                               const float* __restrict__ w, int64_t k, float* __restrict__ c,
-                               int64_t ldc, int64_t cols) {
+static inline void as_few_tile(const float* __restrict__ a, const float* __restrict__ w,
+                               int64_t k, float* __restrict__ c, int64_t ldc, int64_t cols) {
   AsFewVec acc[R][3];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 3; ++j) acc[r][j] = AsFewVec{};
@@ -236,7 +236,7 @@ static inline void as_few_tile(const float* __restrict__ a, int64_t lda,
     const AsFewVec w0 = *(const AsFewLoad*)wk, w1 = *(const AsFewLoad*)(wk + AS_FEW_V),
                    w2 = *(const AsFewLoad*)(wk + 2 * AS_FEW_V);
     for (int r = 0; r < R; ++r) {
-      const float x = a[r * lda + kk];
+      const float x = a[r * k + kk];
       acc[r][0] += x * w0;
       acc[r][1] += x * w1;
       acc[r][2] += x * w2;
@@ -264,19 +264,19 @@ static void as_few_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
     float* out = c + p * AS_FEW_NB;
     int64_t r = 0;
     for (; r + AS_FEW_MR <= m; r += AS_FEW_MR)
-      as_few_tile<AS_FEW_MR>(a + r * k, k, w, k, out + r * ldc, ldc, cols);
+      as_few_tile<AS_FEW_MR>(a + r * k, w, k, out + r * ldc, ldc, cols);
     const float* ar = a + r * k;
     float* cr = out + r * ldc;
     switch (m - r) {
 #if AS_FEW_MR > 4
-      case 7: as_few_tile<7>(ar, k, w, k, cr, ldc, cols); break;
-      case 6: as_few_tile<6>(ar, k, w, k, cr, ldc, cols); break;
-      case 5: as_few_tile<5>(ar, k, w, k, cr, ldc, cols); break;
-      case 4: as_few_tile<4>(ar, k, w, k, cr, ldc, cols); break;
+      case 7: as_few_tile<7>(ar, w, k, cr, ldc, cols); break;
+      case 6: as_few_tile<6>(ar, w, k, cr, ldc, cols); break;
+      case 5: as_few_tile<5>(ar, w, k, cr, ldc, cols); break;
+      case 4: as_few_tile<4>(ar, w, k, cr, ldc, cols); break;
 #endif
-      case 3: as_few_tile<3>(ar, k, w, k, cr, ldc, cols); break;
-      case 2: as_few_tile<2>(ar, k, w, k, cr, ldc, cols); break;
-      case 1: as_few_tile<1>(ar, k, w, k, cr, ldc, cols); break;
+      case 3: as_few_tile<3>(ar, w, k, cr, ldc, cols); break;
+      case 2: as_few_tile<2>(ar, w, k, cr, ldc, cols); break;
+      case 1: as_few_tile<1>(ar, w, k, cr, ldc, cols); break;
       default: break;
     }
   }

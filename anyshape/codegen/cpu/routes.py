@@ -59,6 +59,13 @@ class CpuSettings:
     dnnl_conv: str = "channels_last"  # one of the option's choices (config.py)
     conv_post_ops: bool = False  # convolution epilogues as oneDNN post-ops (post_ops.py)
 
+    @property
+    def matmul_site_mode(self) -> int:
+        """A matmul site's ``mode`` (dnnl_matmul.h): 1 every row count on oneDNN's matmul
+        (``dnnl_matmul="always"``), 0 few rows on the runtime's own GEMM and more where the
+        matmul wins, 2 the matmul where it wins (``few_rows_gemm=False``)."""
+        return 1 if self.dnnl_matmul == "always" else 0 if self.few_rows_gemm else 2
+
     @staticmethod
     def from_options(options: Options) -> CpuSettings:
         return CpuSettings(
@@ -76,23 +83,15 @@ class Route:
     header: str  # dnnl_matmul.h or dnnl_conv.h
     weight: Node
     as_matmul: bool = False  # a channels-last 1x1 convolution run as oneDNN's matmul
-    always: bool = False  # the matmul runs every row count (else per ISA, as_matmul_pays)
     post_ops: PostOps | None = None  # the convolution's epilogue as oneDNN post-ops
-    few_rows: bool = True  # up to 32 rows on as_few_rows_gemm (not with ``always``)
-
-    @property
-    def site_mode(self) -> int:
-        """The matmul site's ``mode`` (dnnl_matmul.h): 1 every row count on oneDNN's
-        matmul, 0 few rows on the runtime's own GEMM and more where the matmul wins, 2 the
-        matmul where it wins."""
-        return 1 if self.always else 0 if self.few_rows else 2
+    site_mode: int = 0  # a matmul site's mode (CpuSettings.matmul_site_mode)
 
     @property
     def description(self) -> str:
         what = "oneDNN matmul" if self.header == "dnnl_matmul.h" else "oneDNN convolution"
-        if self.header == "dnnl_matmul.h" and not self.always:
+        if self.header == "dnnl_matmul.h" and self.site_mode != 1:
             what += " where it wins"
-            if self.few_rows:
+            if self.site_mode == 0:
                 what = "own GEMM up to 32 rows, " + what
         if self.post_ops:
             what += " with its epilogue as post-ops"
@@ -135,9 +134,8 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
     if as_matmul and settings.dnnl_matmul == "off":
         return None  # (the BLAS GEMM of its pixels, as for a linear layer)
     header = "dnnl_matmul.h" if as_matmul else "dnnl_conv.h"
-    always = settings.dnnl_matmul == "always"
-    few = settings.few_rows_gemm
-    return Route(header, root.inputs[1], as_matmul, always, post_ops=fused, few_rows=few)
+    mode = settings.matmul_site_mode
+    return Route(header, root.inputs[1], as_matmul, post_ops=fused, site_mode=mode)
 
 
 def _runs_as_matmul(root: Node) -> bool:
@@ -162,6 +160,5 @@ def _matmul_route(sched, root: Node, settings: CpuSettings) -> Route | None:
     w = sched.transposed_operands.get(id(root.inputs[1]), root.inputs[1])
     static = all(isinstance(d, int) and d > 0 for d in w.shape)
     if a is None and w.op == "param" and w.rank == 2 and static:
-        always = settings.dnnl_matmul == "always"
-        return Route("dnnl_matmul.h", w, always=always, few_rows=settings.few_rows_gemm)
+        return Route("dnnl_matmul.h", w, site_mode=settings.matmul_site_mode)
     return None
