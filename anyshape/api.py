@@ -450,9 +450,11 @@ def optimize(
             module = OptimizedModule.restored(
                 direct, in_spec, report, graph_module, name, opts.fastcall
             )
-            module.watch_weights_of(model)
             module.bind_signature_of(model)
+            # (Checked before the weights are watched, as a cold compile's capture is: the
+            # check's call packs no copy of them for a route no request may take.)
             if agrees_with_eager(model, module, args, kwargs):
+                module.watch_weights_of(model)
                 module.recompiles_on_guard_failure(model, dynamic_shapes, opts)
                 bump("compilations")
                 bump("model_cache_hits")

@@ -118,6 +118,24 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
             assert _few(opt) - few_before == few, (rows, _avx512(opt))
 
 
+def test_a_restored_model_packs_no_weight_before_a_call_needs_it(tmp_path):
+    """The model cache checks a restored model against eager before its weights are
+    watched, as a cold capture is checked: that call, at the example's 10 rows, reads
+    the weights as the model holds them (BLAS) and leaves the few-rows kernel's copy,
+    and the memory it takes, to the first call of the user's that needs it."""
+    x = torch.randn(2, 5, 37)
+    first = anyshape.optimize(Mlp().eval(), (x,), backend="cpu", cache_dir=str(tmp_path))
+    model = Mlp().eval()  # other weights: none of them watched or packed yet
+    anyshape.reset_stats()
+    few = _few(first)
+    opt = anyshape.optimize(model, (x,), backend="cpu", cache_dir=str(tmp_path))
+    assert anyshape.stats()["model_cache_hits"] == 1
+    assert _few(opt) == few  # (one library serves both models: its counter is shared)
+    with torch.no_grad():
+        _close(opt(x), model(x))
+    assert _few(opt) - few == 3  # every GEMM of the call, on the copies made for it
+
+
 class _OneWeight(torch.nn.Module):
     """One weight, [n, k] read by ``linear`` (``transposed``) or [k, n] by ``x @ w``."""
 
