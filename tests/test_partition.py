@@ -38,3 +38,46 @@ def test_partitioning_walks_the_module_tree_a_bounded_number_of_times(monkeypatc
     plan = plan_partitions(gm)
     assert len(plan.clusters) == 1
     assert len(walks) <= 2, f"{len(walks)} walks of the module tree for one partitioning"
+
+
+class _Mixed(torch.nn.Module):
+    """Nodes alike in target and shapes whose verdicts differ: a view read by
+    ``as_strided`` and one that is not, a tuple op whose second output is read and one
+    whose is not, ``x * x`` and ``x * y``, a complex value; then 8 repeated layers."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(6, 6) for _ in range(8))
+
+    def forward(self, x, y):
+        a = x.view(-1, 3)
+        b = torch.as_strided(x.view(-1, 3), (2, 2), (1, 2))
+        m, i = torch.max(x, dim=1)
+        n = torch.max(y, dim=1).values
+        c = torch.view_as_complex(x.reshape(-1, 3, 2)[:, 0].contiguous())
+        z = x * x + x * y
+        for layer in self.layers:
+            z = torch.relu(layer(z))
+        return a, b, m, i, n, torch.view_as_real(c * c), z
+
+
+def test_alike_nodes_are_asked_once_with_the_verdicts_of_asking_each(monkeypatch):
+    """Verdicts are asked once per key (``_verdict_key``: target, constants, operand and
+    output shapes, which outputs are read, a view feeding ``as_strided``): the same
+    verdict for every node as asking each, in far fewer trial lowerings."""
+    from anyshape.plugin import partition
+
+    gm = capture_export(_Mixed(), (torch.randn(4, 6), torch.randn(4, 6))).gm
+    ops = [n for n in gm.graph.nodes if is_op_node(n)]
+    each = {n: partition._verdict(n) for n in ops}
+    assert any(v is not None for v in each.values())  # (the fallbacks are there to tell)
+    asked = []
+    original = partition._verdict
+
+    def counted(node):
+        asked.append(node)
+        return original(node)
+
+    monkeypatch.setattr(partition, "_verdict", counted)
+    assert partition._verdicts(gm) == each
+    assert len(asked) < len(ops) - 20  # (8 layers of 3 ops: 7 of them are not asked)

@@ -10,6 +10,7 @@ neither clusters nor fallbacks.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,13 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..frontends.torch import aten  # noqa: F401  (fills the lowering table)
-from ..frontends.torch.lowering import check_supported, is_tensor_node, source_location
+from ..frontends.torch.lowering import (
+    SELECTS_FROM_PYTORCH,
+    check_supported,
+    feeds_as_strided,
+    is_tensor_node,
+    source_location,
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +80,93 @@ def _verdict(node: fx.Node) -> str | None:
         return f"internal error checking the lowering ({type(e).__name__}: {e})"
 
 
+class _NoKey(Exception):
+    """An argument ``_verdict_key`` cannot describe: the node is asked itself."""
+
+
+def _verdict_key(node: fx.Node) -> tuple:
+    """All that ``check_supported`` reads of ``node``: its target, its constant arguments,
+    each operand's kind, dtype and symbolic shape (operands numbered by first use, so
+    ``x * x`` and ``x * y`` differ), its own outputs' and which of them its users read,
+    and whether it is a view feeding ``as_strided``. Nodes with equal keys lower alike in
+    isolation, as a repeated block's nodes do (BERT-base: 12 layers of one op sequence).
+    Raises ``_NoKey`` for an argument it cannot describe."""
+    seen: dict[fx.Node, int] = {}
+
+    def shape(v: torch.Tensor) -> tuple:
+        return (
+            v.dtype,
+            v.device.type,
+            tuple(d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in v.shape),
+        )
+
+    def value(v):
+        if isinstance(v, torch.Tensor):
+            return ("tensor", *shape(v))
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return (type(v).__name__, v.node.expr)
+        if isinstance(v, (tuple, list)):
+            return (type(v).__name__, tuple(value(x) for x in v))
+        if v is None or isinstance(v, (bool, int, str, torch.dtype, torch.device)):
+            return (type(v).__name__, v)
+        if isinstance(v, float):
+            return ("float", repr(v))  # (-0.0 and 0.0 apart; nan equal to itself)
+        raise _NoKey
+
+    def arg(a):
+        if isinstance(a, fx.Node):
+            return ("node", seen.setdefault(a, len(seen)), value(a.meta.get("val")))
+        if isinstance(a, (tuple, list)):
+            return (type(a).__name__, tuple(arg(x) for x in a))
+        if isinstance(a, dict):
+            return ("dict", tuple((k, arg(x)) for k, x in a.items()))
+        if isinstance(a, slice):
+            return ("slice", arg(a.start), arg(a.stop), arg(a.step))
+        if isinstance(a, (torch.memory_format, torch.layout)):
+            return (type(a).__name__, str(a))
+        return value(a)
+
+    users = sorted(
+        (u.target is operator.getitem, u.args[1] if u.target is operator.getitem else 0)
+        for u in node.users
+    )
+    return (
+        node.op,
+        node.target,
+        arg(node.args),
+        arg(node.kwargs),
+        value(node.meta.get("val")),
+        tuple(users),
+        feeds_as_strided(node),
+    )
+
+
+def _verdicts(gm: fx.GraphModule) -> dict[fx.Node, str | None]:
+    """``_verdict`` of every op node, asked once per ``_verdict_key`` (T5-small's 1 800
+    op nodes are about 250 keys); a selection from a tuple output takes its source's."""
+    verdicts: dict[fx.Node, str | None] = {}
+    known: dict[tuple, str | None] = {}
+    for node in gm.graph.nodes:
+        if not is_op_node(node):
+            continue
+        src = node.args[0] if node.target is operator.getitem and node.args else None
+        if isinstance(src, fx.Node) and src in verdicts:
+            verdicts[node] = None if verdicts[src] is None else SELECTS_FROM_PYTORCH
+            continue
+        try:
+            key = _verdict_key(node)
+        except (_NoKey, TypeError):  # (TypeError: a value that is not hashable)
+            verdicts[node] = _verdict(node)
+            continue
+        try:
+            verdicts[node] = known[key]
+        except KeyError:
+            verdicts[node] = known[key] = _verdict(node)
+        except TypeError:
+            verdicts[node] = _verdict(node)
+    return verdicts
+
+
 class _Partitioner(CapabilityBasedPartitioner):
     """torch's partitioner, asking ``_Support`` without the module table it ignores:
     torch builds ``dict(named_modules())`` for every node it asks about, which walks the
@@ -83,10 +177,7 @@ class _Partitioner(CapabilityBasedPartitioner):
 
 
 def plan_partitions(gm: fx.GraphModule, min_cluster_ops: int = 1) -> PartitionPlan:
-    verdicts: dict[fx.Node, str | None] = {}
-    for node in gm.graph.nodes:
-        if is_op_node(node):
-            verdicts[node] = _verdict(node)
+    verdicts = _verdicts(gm)
     partitioner = _Partitioner(gm, _Support(verdicts), allows_single_node_partition=True)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     clusters = []

@@ -235,6 +235,11 @@ def _feeds_as_strided(node: fx.Node, views) -> bool:
     return False
 
 
+def feeds_as_strided(node: fx.Node) -> bool:
+    """Whether ``node`` is a view that reaches an ``as_strided`` through views only."""
+    return _feeds_as_strided(node, _views())
+
+
 def rule_for(node: fx.Node) -> LoweringRule:
     if node.op != "call_function":
         raise UnsupportedError(f"{node.op} nodes are not compiled")
@@ -269,6 +274,9 @@ def lower_node(ctx: LowerCtx, node: fx.Node, env: dict):
     return result
 
 
+SELECTS_FROM_PYTORCH = "selects from an op that runs in PyTorch"
+
+
 def check_supported(node: fx.Node) -> str | None:
     """None if ``node`` lowers in isolation, else the reason it does not."""
     if node.op == "call_function" and node.target is operator.getitem:
@@ -276,7 +284,7 @@ def check_supported(node: fx.Node) -> str | None:
         return (
             None
             if isinstance(src, fx.Node) and check_supported(src) is None
-            else ("selects from an op that runs in PyTorch")
+            else SELECTS_FROM_PYTORCH
         )
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
