@@ -45,6 +45,12 @@ class Compound:
         return all(a.nonneg for a in self.args)  # min
 
 
+# Constants made once each (an immutable SymExpr is shared): lowering and the passes ask
+# for the same few sizes and strides thousands of times (BERT-base: 40 000 ``as_expr``).
+_CONSTANTS: dict[int, SymExpr] = {}
+_SYMBOLS: dict[str, SymExpr] = {}  # (likewise each symbol: 10 000 asked for BERT-base)
+
+
 def _atom_key(atom) -> tuple:
     return (0, atom) if isinstance(atom, str) else atom.key
 
@@ -66,7 +72,8 @@ class SymExpr:
     def __init__(self, terms: Mapping[Monomial, int] | Iterable = ()):
         items = terms.items() if isinstance(terms, Mapping) else terms
         cleaned = [(m, c) for m, c in items if c != 0]
-        cleaned.sort(key=lambda mc: (-sum(p for _, p in mc[0]), _monomial_key(mc[0])))
+        if len(cleaned) > 1:
+            cleaned.sort(key=lambda mc: (-sum(p for _, p in mc[0]), _monomial_key(mc[0])))
         self.terms: tuple[tuple[Monomial, int], ...] = tuple(cleaned)
         self.key = tuple((_monomial_key(m), c) for m, c in self.terms)
         # A constant compares equal to its int, so it must hash like it too.
@@ -75,13 +82,24 @@ class SymExpr:
     # --- construction -------------------------------------------------------
     @staticmethod
     def symbol(name: str) -> SymExpr:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-            raise ValueError(f"invalid symbol name {name!r}")
-        return SymExpr({((name, 1),): 1})
+        made = _SYMBOLS.get(name)
+        if made is None:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"invalid symbol name {name!r}")
+            made = SymExpr({((name, 1),): 1})
+            if len(_SYMBOLS) < 4096:
+                _SYMBOLS[name] = made
+        return made
 
     @staticmethod
     def const(value: int) -> SymExpr:
-        return SymExpr({(): int(value)})
+        value = int(value)
+        made = _CONSTANTS.get(value)
+        if made is None:
+            made = SymExpr({(): value})
+            if len(_CONSTANTS) < 4096:
+                _CONSTANTS[value] = made
+        return made
 
     # --- queries -----------------------------------------------------------
     @property
