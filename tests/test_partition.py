@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from anyshape.frontends.torch.capture import capture_export
@@ -81,3 +82,39 @@ def test_alike_nodes_are_asked_once_with_the_verdicts_of_asking_each(monkeypatch
     monkeypatch.setattr(partition, "_verdict", counted)
     assert partition._verdicts(gm) == each
     assert len(asked) < len(ops) - 20  # (8 layers of 3 ops: 7 of them are not asked)
+
+
+class _TwoParts(torch.nn.Module):
+    """Two computations sharing no op (one connected graph each)."""
+
+    def forward(self, x, y):
+        return torch.relu(x) * 2, torch.tanh(y) + 1
+
+
+def _proposed_by_torch(gm) -> list[set]:
+    from anyshape.plugin import partition
+
+    support = partition._Support(partition._verdicts(gm))
+    partitioner = partition._Partitioner(gm, support, allows_single_node_partition=True)
+    return sorted((set(p.nodes) for p in partitioner.propose_partitions()), key=len)
+
+
+@pytest.mark.parametrize(
+    "model, inputs, whole",
+    [
+        (_deep_model(), (torch.randn(3, 8),), True),
+        (_Mixed(), (torch.randn(4, 6), torch.randn(4, 6)), False),
+        (_TwoParts(), (torch.randn(3), torch.randn(4)), False),
+    ],
+    ids=["deep", "with-fallbacks", "two-parts"],
+)
+def test_clusters_are_those_torchs_partitioner_proposes(model, inputs, whole):
+    """A graph whose every op compiles and forms one connected graph is one cluster
+    without torch's pairwise merging (``_one_cluster``); the same cluster torch
+    proposes. With fallbacks, or two separate parts, torch's partitioner decides."""
+    from anyshape.plugin import partition
+
+    gm = capture_export(model, inputs).gm
+    assert (partition._one_cluster(gm, partition._verdicts(gm)) is not None) == whole
+    plan = plan_partitions(gm)
+    assert sorted((set(c) for c in plan.clusters), key=len) == _proposed_by_torch(gm)

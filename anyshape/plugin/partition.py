@@ -176,13 +176,46 @@ class _Partitioner(CapabilityBasedPartitioner):
         return self.operator_support.is_node_supported({}, node)
 
 
+def _one_cluster(gm: fx.GraphModule, verdicts: dict) -> list[fx.Node] | None:
+    """Every op node, in graph order, where they make one cluster: all of them compile,
+    no node outside them but the output reads one (so no path leaves the cluster and
+    comes back) and they are one connected graph, as torch's partitioner would merge
+    them, without its pairwise merging (T5-small's 741 op nodes: 0.06-0.1 s). None
+    otherwise: the partitioner decides."""
+    if not verdicts or any(v is not None for v in verdicts.values()):
+        return None
+    parent = {n: n for n in verdicts}
+
+    def root(n: fx.Node) -> fx.Node:
+        while parent[n] is not n:
+            parent[n] = n = parent[parent[n]]
+        return n
+
+    for node in gm.graph.nodes:
+        for a in node.all_input_nodes:
+            if a not in parent:
+                continue
+            if node not in parent:
+                if node.op != "output":
+                    return None  # (plumbing reading an op: torch's cycle checks decide)
+                continue
+            parent[root(a)] = root(node)
+    first = root(next(iter(parent)))
+    return list(parent) if all(root(n) is first for n in parent) else None
+
+
 def plan_partitions(gm: fx.GraphModule, min_cluster_ops: int = 1) -> PartitionPlan:
     verdicts = _verdicts(gm)
-    partitioner = _Partitioner(gm, _Support(verdicts), allows_single_node_partition=True)
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    whole = _one_cluster(gm, verdicts)
+    if whole is not None:
+        proposed = [whole]
+    else:
+        partitioner = _Partitioner(gm, _Support(verdicts), allows_single_node_partition=True)
+        proposed = [p.nodes for p in partitioner.propose_partitions()]
     clusters = []
-    for p in partitioner.propose_partitions():
-        nodes = sorted(p.nodes, key=order.__getitem__)
+    for p in proposed:
+        nodes = sorted(p, key=order.__getitem__)
         if sum(1 for n in nodes if is_tensor_node(n)) < min_cluster_ops:
             for n in nodes:
                 verdicts[n] = f"cluster smaller than min_cluster_ops={min_cluster_ops}"

@@ -15,6 +15,7 @@ After each rule the driver checks the result against torch's own metadata
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 from collections.abc import Callable, Sequence
@@ -214,15 +215,16 @@ def _check_one(node: fx.Node, r: Node, val) -> None:
         )
 
 
-def _views():
+@functools.cache
+def _views() -> frozenset:
     aten = torch.ops.aten
-    return {
+    return frozenset({
         aten.t.default, aten.transpose.int, aten.permute.default, aten.movedim.int,
         aten.narrow.default, aten.select.int, aten.slice.Tensor, aten.alias.default,
         aten.detach.default, aten._unsafe_view.default, aten.view.default,
         aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims,
         aten.diagonal.default, aten.unfold.default,
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 def _feeds_as_strided(node: fx.Node, views) -> bool:
