@@ -29,7 +29,7 @@ from .plugin.direct import FlatInputs, native_call, plan_direct
 from .plugin.explain import ExplainReport
 from .plugin.profile import ProfileReport
 from .plugin.report import CompileReport
-from .plugin.weights_watch import WeightsWatch
+from .plugin.weights_watch import WeightsWatch, packs_repacked
 from .stats import bump
 
 # nn.Module's call path as torch defines it; torch.fx tracing patches it to record calls.
@@ -336,7 +336,8 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
             )
         return gm, report, captured.stamped, used, grown
 
-    def checked(gm, stamped: bool) -> bool:
+    def checked(gm, report, stamped: bool) -> bool:
+        packs_repacked(report.clusters)  # (as a restore's check: copies may be stale)
         return agrees_with_eager(model, gm, args, kwargs) and (
             not stamped or agrees_on_random_floats(model, gm, args, kwargs)
         )
@@ -347,7 +348,7 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
         try:
             for repeats in tries:  # (copies that disagree: again with every call traced)
                 gm, report, stamped, used, _ = capture_and_compile(*wide, None, repeats)
-                if checked(gm, stamped):
+                if checked(gm, report, stamped):
                     bump("compilations")
                     _locate_fallbacks(report, model, *used, None, repeats)
                     return gm, report
@@ -363,7 +364,7 @@ def _capture_and_compile(model, args: tuple, kwargs: dict, dynamic_shapes, optio
         gm, report, stamped, used, grown = capture_and_compile(
             args, kwargs, dynamic_shapes, repeats, grow
         )
-        if grown and not checked(gm, stamped):
+        if grown and not checked(gm, report, stamped):
             notes.append("capture: sizes derived from the example kept (grown capture disagreed)")
             grow = False
             gm, report, stamped, used, _ = capture_and_compile(
@@ -452,7 +453,10 @@ def optimize(
             )
             module.bind_signature_of(model)
             # (Checked before the weights are watched, as a cold compile's capture is: the
-            # check's call packs no copy of them for a route no request may take.)
+            # check's call packs no copy of them for a route no request may take. Copies
+            # another module of this library packed are made again, in case they are
+            # stale.)
+            packs_repacked(report.clusters)
             if agrees_with_eager(model, module, args, kwargs):
                 module.watch_weights_of(model)
                 module.recompiles_on_guard_failure(model, dynamic_shapes, opts)

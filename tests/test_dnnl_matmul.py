@@ -136,6 +136,26 @@ def test_a_restored_model_packs_no_weight_before_a_call_needs_it(tmp_path):
     assert _few(opt) - few == 3  # every GEMM of the call, on the copies made for it
 
 
+def test_a_restored_model_is_checked_on_weights_packed_again(tmp_path):
+    """A model optimized twice: the first module packed its weights, which then changed
+    in place with no call of it since to notice. The second optimize's check must not
+    read those stale copies (the library is the same): it is a cache hit, not a
+    disagreement that drops the entry and compiles again."""
+    x = torch.randn(2, 5, 37)
+    model = Mlp().eval()
+    first = anyshape.optimize(model, (x,), backend="cpu", cache_dir=str(tmp_path))
+    with torch.no_grad():
+        first(x)  # packs the few-rows copies
+        model.up.weight.mul_(2)
+    anyshape.reset_stats()
+    opt = anyshape.optimize(model, (x,), backend="cpu", cache_dir=str(tmp_path))
+    assert anyshape.stats()["model_cache_hits"] == 1
+    assert anyshape.stats().get("native_builds", 0) == 0
+    with torch.no_grad():
+        _close(opt(x), model(x))
+        _close(first(x), model(x))
+
+
 class _OneWeight(torch.nn.Module):
     """One weight, [n, k] read by ``linear`` (``transposed``) or [k, n] by ``x @ w``."""
 

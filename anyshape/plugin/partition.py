@@ -20,7 +20,6 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from ..frontends.torch import aten  # noqa: F401  (fills the lowering table)
 from ..frontends.torch.lowering import (
-    SELECTS_FROM_PYTORCH,
     check_supported,
     feeds_as_strided,
     is_tensor_node,
@@ -96,7 +95,7 @@ def _verdict_key(node: fx.Node) -> tuple:
     def shape(v: torch.Tensor) -> tuple:
         return (
             v.dtype,
-            v.device.type,
+            str(v.device),
             tuple(d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in v.shape),
         )
 
@@ -142,28 +141,27 @@ def _verdict_key(node: fx.Node) -> tuple:
 
 
 def _verdicts(gm: fx.GraphModule) -> dict[fx.Node, str | None]:
-    """``_verdict`` of every op node, asked once per ``_verdict_key`` (T5-small's 1 800
-    op nodes are about 250 keys); a selection from a tuple output takes its source's."""
+    """``_verdict`` of every op node. A node whose ``_verdict_key`` compiled before
+    compiles (T5-small's 741 op nodes are 142 keys), as does a selection from a tuple
+    output that compiles; a node that does not is asked itself, for a reason that names
+    its own operands (fallbacks are few)."""
     verdicts: dict[fx.Node, str | None] = {}
-    known: dict[tuple, str | None] = {}
+    compiles: set[tuple] = set()
     for node in gm.graph.nodes:
         if not is_op_node(node):
             continue
         src = node.args[0] if node.target is operator.getitem and node.args else None
-        if isinstance(src, fx.Node) and src in verdicts:
-            verdicts[node] = None if verdicts[src] is None else SELECTS_FROM_PYTORCH
+        if isinstance(src, fx.Node) and verdicts.get(src, False) is None:
+            verdicts[node] = None
             continue
         try:
             key = _verdict_key(node)
+            known = key in compiles
         except (_NoKey, TypeError):  # (TypeError: a value that is not hashable)
-            verdicts[node] = _verdict(node)
-            continue
-        try:
-            verdicts[node] = known[key]
-        except KeyError:
-            verdicts[node] = known[key] = _verdict(node)
-        except TypeError:
-            verdicts[node] = _verdict(node)
+            key, known = None, False
+        verdicts[node] = None if known else _verdict(node)
+        if key is not None and verdicts[node] is None:
+            compiles.add(key)
     return verdicts
 
 

@@ -68,6 +68,17 @@ class WeightsWatch:
         return cls(list(tensors.values()), libraries) if libraries else None
 
 
+def packs_repacked(clusters) -> None:
+    """Every packed copy the libraries of ``clusters`` hold is made again at its next
+    use: a library another module loaded may hold copies of these very weights (the
+    same model optimized twice), packed before an in-place change that module has not
+    called since to notice. Asked before a restored model is checked against eager."""
+    for cluster in clusters:
+        native = getattr(cluster.compiled, "native", None)
+        if getattr(native, "packed_params", None) or getattr(native, "copied_params", None):
+            native.weights_changed()
+
+
 def resolve_tensor(model, name: str) -> torch.Tensor | None:
     """The tensor ``model`` holds at the dotted path ``name``, or ``None``."""
     obj = model
