@@ -171,6 +171,38 @@ def test_gpt2_returning_dynamic_cache_captures_whole():
     assert "TorchDynamo" not in str(report)
 
 
+def test_gpt2_decoding_from_a_dynamic_cache_captures_whole():
+    """A decoding step with the cache as an input (``cache=``, transformers' name): its
+    dims are the cache's children's (a registered type), so torch.export captures it
+    and one compilation serves every step as the cache grows, batch and prompt
+    lengths alike, sizes 1 included."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=1000)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+
+    def prompt(b, s):
+        with torch.no_grad():
+            return model(torch.randint(0, 1000, (b, s)), use_cache=True).past_key_values
+
+    anyshape.reset_stats()
+    example = ((torch.randint(0, 1000, (2, 1)),), {"cache": prompt(2, 5)})
+    compiled = _optimize(model, copy.deepcopy(example))
+    assert "TorchDynamo" not in str(compiled.explain())
+    with torch.no_grad():
+        for b, s in [(2, 5), (1, 1), (3, 17)]:
+            token = torch.randint(0, 1000, (b, 1))
+            mine = prompt(b, s)
+            theirs = copy.deepcopy(mine)
+            for step in range(3):
+                got, want = compiled(token, cache=mine), model(token, cache=theirs)
+                _same(got.logits, want.logits)
+                mine, theirs = got.past_key_values, want.past_key_values
+                assert mine.get_seq_length() == s + step + 1
+                token = want.logits[:, -1:].argmax(-1)
+    assert anyshape.stats()["compilations"] == 1
+
+
 def _layers(output):
     cache = output.past_key_values
     return [(layer.keys, layer.values) for layer in cache.layers]

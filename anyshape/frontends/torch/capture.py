@@ -96,6 +96,10 @@ def _auto_dynamic(value):
         return type(value)(_auto_dynamic(v) for v in value)
     if isinstance(value, dict):
         return {k: _auto_dynamic(v) for k, v in value.items()}
+    node = torch.utils._pytree.SUPPORTED_NODES.get(type(value))
+    if node is not None:  # a registered type (a transformers cache): its children's dims
+        children, _ = node.flatten_fn(value)
+        return [_auto_dynamic(c) for c in children]
     return None
 
 
