@@ -3,7 +3,7 @@
 Models torch.export refuses (a tensor's value feeding Python, a view sized from
 values, quantized tensors) go through TorchDynamo, graph by graph; a returned
 transformers ``DynamicCache`` is a registered pytree type, so GPT-2 captures
-whole; a dtype anyshape cannot compile, or a cluster that fails to compile for
+whole, and a decoding step taking one as input too; a dtype anyshape cannot compile, or a cluster that fails to compile for
 any reason, runs in PyTorch. Each case runs a stream of shapes (sizes 0 and 1
 included) against eager and checks what ``explain()`` says.
 """
