@@ -15,6 +15,7 @@ more (ranges, equalities) belongs to ``constraints.ConstraintStore``.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Iterable, Mapping
@@ -43,12 +44,6 @@ class Compound:
         if self.kind == "max":
             return any(a.nonneg for a in self.args)
         return all(a.nonneg for a in self.args)  # min
-
-
-# Constants made once each (an immutable SymExpr is shared): lowering and the passes ask
-# for the same few sizes and strides thousands of times (BERT-base: 40 000 ``as_expr``).
-_CONSTANTS: dict[int, SymExpr] = {}
-_SYMBOLS: dict[str, SymExpr] = {}  # (likewise each symbol: 10 000 asked for BERT-base)
 
 
 def _atom_key(atom) -> tuple:
@@ -80,26 +75,17 @@ class SymExpr:
         self._hash = hash(self.constant_value if self.is_constant else self.key)
 
     # --- construction -------------------------------------------------------
+    # Made once each, shared (immutable): BERT-base's compile asks 10 000 symbols, 40 000 ints.
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def symbol(name: str) -> SymExpr:
-        made = _SYMBOLS.get(name)
-        if made is None:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"invalid symbol name {name!r}")
-            made = SymExpr({((name, 1),): 1})
-            if len(_SYMBOLS) < 4096:
-                _SYMBOLS[name] = made
-        return made
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ValueError(f"invalid symbol name {name!r}")
+        return SymExpr({((name, 1),): 1})
 
     @staticmethod
     def const(value: int) -> SymExpr:
-        value = int(value)
-        made = _CONSTANTS.get(value)
-        if made is None:
-            made = SymExpr({(): value})
-            if len(_CONSTANTS) < 4096:
-                _CONSTANTS[value] = made
-        return made
+        return _constant(int(value))
 
     # --- queries -----------------------------------------------------------
     @property
@@ -274,6 +260,11 @@ def _mul_monomials(m1: Monomial, m2: Monomial) -> Monomial:
     for a, p in m1 + m2:
         acc[a] = acc.get(a, 0) + p
     return tuple(sorted(acc.items(), key=lambda ap: _atom_key(ap[0])))
+
+
+@functools.lru_cache(maxsize=4096)
+def _constant(value: int) -> SymExpr:
+    return SymExpr({(): value})
 
 
 ZERO = SymExpr()
