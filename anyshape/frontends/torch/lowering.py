@@ -276,9 +276,6 @@ def lower_node(ctx: LowerCtx, node: fx.Node, env: dict):
     return result
 
 
-SELECTS_FROM_PYTORCH = "selects from an op that runs in PyTorch"
-
-
 def check_supported(node: fx.Node) -> str | None:
     """None if ``node`` lowers in isolation, else the reason it does not."""
     if node.op == "call_function" and node.target is operator.getitem:
@@ -286,7 +283,7 @@ def check_supported(node: fx.Node) -> str | None:
         return (
             None
             if isinstance(src, fx.Node) and check_supported(src) is None
-            else SELECTS_FROM_PYTORCH
+            else "selects from an op that runs in PyTorch"
         )
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else [val]
