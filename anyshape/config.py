@@ -204,3 +204,18 @@ def describe_options() -> str:
             f"{f.name} / ANYSHAPE_{f.name.upper()} (default {f.default!r}): {f.metadata['help']}"
         )
     return "\n".join(lines)
+
+
+# OpenBLAS starts a server thread when it loads (and again when its thread count is set)
+# that spins for about 2**28 cycles (0.1 s of a core) waiting for work before it sleeps.
+# The runtime hands OpenBLAS's parallel work to anyshape's OpenMP pool (anyshape_init), so
+# that thread never gets any: its spin only took a core from whatever ran beside it (a
+# restored BERT-base's check against eager and first call, 0.78-0.92 s -> 0.46-0.53 s).
+# The shortest timeout (2**4 cycles) is set before the library loads, unless the user set
+# one: OpenBLAS reads it once, when it loads.
+BLAS_THREAD_TIMEOUT = "OPENBLAS_THREAD_TIMEOUT"
+
+
+def quiet_blas_server_threads() -> None:
+    """Keep OpenBLAS's idle server threads from spinning; call before it loads."""
+    os.environ.setdefault(BLAS_THREAD_TIMEOUT, "4")

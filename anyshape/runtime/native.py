@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import quiet_blas_server_threads
 from ..errors import InputError
 from ..ir.dtypes import DType
 from .fastcall import fastcall
@@ -57,6 +58,15 @@ _INDEX_MESSAGE = "an index is out of range"
 _init_lock = threading.Lock()
 
 
+def import_openblas():
+    """The ``scipy_openblas32`` module (``ImportError`` if absent), its library loaded
+    (importing it loads it) with idle server threads that do not spin."""
+    quiet_blas_server_threads()
+    import scipy_openblas32
+
+    return scipy_openblas32
+
+
 class _Owner:
     """Owns one malloc'd output buffer; frees it when the last array using it is gone."""
 
@@ -82,6 +92,10 @@ class NativeGraph:
     ):
         """``inputs`` (names, dtypes) and ``use_fastcall`` let calls go through the fast-call
         extension instead of ctypes."""
+        try:
+            import_openblas()  # (before the library, which links it, loads it)
+        except ImportError:
+            pass
         self.lib = ctypes.CDLL(str(path))
         self.main = self.lib.anyshape_main
         self.main.restype = ctypes.c_int

@@ -20,7 +20,7 @@ from ..errors import InputError
 from ..ir.dtypes import DType
 from ..runtime.binder import arrange_inputs
 from ..runtime.host_cpu import isa_machine, machine, missing_cpu_flags
-from ..runtime.native import NativeGraph
+from ..runtime.native import NativeGraph, import_openblas
 from .format import ArtifactError, Manifest, read_artifact
 
 
@@ -54,7 +54,7 @@ def check_target(manifest: Manifest, where: str) -> None:
 def _preload_blas() -> None:
     """Make OpenBLAS resolvable by soname for libraries built on another machine."""
     try:
-        import scipy_openblas32 as ob
+        ob = import_openblas()
     except ImportError:
         return
     lib = Path(ob.get_lib_dir())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ...config import Options
 from ...native_build import BuildError, build_cached
+from ...runtime.native import import_openblas
 from .program import HOST_MARK, KERNEL_MARK
 from .target import NATIVE, Target
 
@@ -40,7 +41,7 @@ DNNL_DEFINE = "-DANYSHAPE_DNNL"  # in a library's flags when it links oneDNN
 @functools.lru_cache(maxsize=1)
 def blas_flags() -> list[str]:
     try:
-        import scipy_openblas32 as ob
+        ob = import_openblas()
     except ImportError as e:
         raise BuildError(
             "the CPU backend needs the scipy-openblas32 package (pip install scipy-openblas32)"
