@@ -2,7 +2,8 @@
 
 One registry for every knob; ``Options`` is passed explicitly down the
 pipeline (no hidden globals). Keyword arguments to ``optimize`` win over the
-environment, which wins over the defaults.
+environment, which wins over the defaults. The one environment variable anyshape
+sets for a library it loads (OpenBLAS's thread timeout) is here too.
 """
 
 from __future__ import annotations
