@@ -211,7 +211,7 @@ def describe_options() -> str:
 # that spins for about 2**28 cycles (0.1 s of a core) waiting for work before it sleeps.
 # The runtime hands OpenBLAS's parallel work to anyshape's OpenMP pool (anyshape_init), so
 # that thread never gets any: its spin only took a core from whatever ran beside it (a
-# restored BERT-base's check against eager and first call, 0.78-0.92 s -> 0.46-0.53 s).
+# restored BERT-base's check against eager and first call, 0.43-0.46 s -> 0.38-0.43 s).
 # The shortest timeout (2**4 cycles) is set before the library loads, unless the user set
 # one: OpenBLAS reads it once, when it loads.
 BLAS_THREAD_TIMEOUT = "OPENBLAS_THREAD_TIMEOUT"
