@@ -8,10 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-pytest.importorskip("scipy_openblas32")
-
 # Loads the runtime's OpenBLAS as the runtime does and reports the CPU seconds the process
 # spent in the 0.3 s after (its server threads start then), then compiles and runs a model
 # whose library links OpenBLAS and reports the timeout the process holds.
