@@ -104,6 +104,14 @@ class Options:
             "asked for"
         },
     )
+    attention_fusion: bool = field(
+        default=True,
+        metadata={
+            "help": "CPU float32 attention: the scores GEMM, the softmax (with its scale, mask "
+            "and bias) and the values GEMM run as one kernel over blocks of query rows, the "
+            "scores never in memory; off: three kernels"
+        },
+    )
     small_gemm: str = field(
         default="onednn",
         metadata={

@@ -93,7 +93,9 @@ def test_golden_plan(name):
 
 def test_the_plans_show_what_the_planner_decided():
     bert, resnet = (print_plan(_plan(n)) for n in ("bert_layer", "resnet_block"))
-    assert bert.count(" = stitch ") == 3  # softmax and two layer norms, one pass each
+    assert bert.count(" = stitch ") == 2  # two layer norms, one pass each
+    # the scores GEMM, softmax and values GEMM as one kernel: neither score matrix stored
+    assert bert.count(" = attention dot ") == 1 and " = library dot f32[s59, 2, s81, s81]" not in bert
     assert "transposed(" in bert  # x @ W.T reads W in place, no copy kernel
     assert " epilogue(" in resnet  # batch norm and ReLU inside the convolution
     assert resnet.count(" = library convolution ") == 2
@@ -118,6 +120,15 @@ def test_the_verifier_catches_a_broken_plan():
     sched._mat.add(id(row_value))
     sched.materialized.append(row_value)
     with pytest.raises(PlanError, match="stores its per-row value"):
+        verify_plan(sched)
+
+
+def test_the_verifier_catches_a_stored_attention_score():
+    sched = _plan("bert_layer")
+    (chain,) = sched.attention.values()
+    sched._mat.add(id(chain.scores))
+    sched.materialized.append(chain.scores)
+    with pytest.raises(PlanError, match="stores its scores or probabilities"):
         verify_plan(sched)
 
 

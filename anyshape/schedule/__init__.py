@@ -3,7 +3,8 @@
 Target-independent, between the pass pipeline and a backend's emission. In
 order: ``op_classes`` (each op's class, from the op table's traits), ``plan``
 (what is materialized; loop and input fusion), ``stitch`` (row reductions
-folded into their consumer), ``epilogue`` (a convolution's elementwise
+folded into their consumer), ``attention`` (a scores GEMM, its softmax
+and the values GEMM in one kernel), ``epilogue`` (a convolution's elementwise
 consumer run inside it), ``horizontal`` (independent loop nests over one shape
 in one kernel), ``memory`` (workspace slots by buffer lifetime). Target costs
 come in as data (``costs.TargetCosts``). The result, a ``plan.Schedule``,

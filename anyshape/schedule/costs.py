@@ -40,3 +40,6 @@ class TargetCosts:
     # tiles (the CPU's ``transpose_emit``); the plan keeps other work out of those
     # transposes when they read across channel planes (``plan._moves_last_dim``).
     tiled_transpose_itemsizes: tuple[int, ...] = (4, 8)
+    # Attention chains (attention.py): scores GEMM, softmax stitch and values GEMM as one
+    # kernel over blocks of rows, when the target emits them (the CPU does).
+    attention_fusion: bool = True

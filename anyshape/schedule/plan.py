@@ -16,7 +16,8 @@ transpose that reads across channel planes (its input's new last dim lies
 more than 64 elements apart) is not fused with other work: its input goes to
 memory and it becomes a tiled copy its consumers read in order. Last,
 ``stitch`` folds row reductions into the kernel that consumes them
-(softmax, layer norm: one kernel, one pass over memory), ``epilogue``
+(softmax, layer norm: one kernel, one pass over memory), ``attention`` runs a
+scores GEMM, its softmax stitch and the values GEMM as one kernel, ``epilogue``
 runs a convolution's elementwise consumer inside it, and ``horizontal``
 merges independent loop nests over the same shape into one kernel.
 
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from ..ir.dtypes import DType
 from ..ir.graph import Graph, Node
 from ..ir.symbolic import shape_numel
+from .attention import AttentionChain, plan_attention
 from .costs import TargetCosts
 from .epilogue import plan_epilogues
 from .horizontal import plan_horizontal
@@ -65,6 +67,9 @@ class Schedule:
     stitches: dict[int, list[Node]] = field(default_factory=dict)
     # ... and the full-row values it keeps in a per-thread row buffer (softmax's exp)
     row_buffered: dict[int, list[Node]] = field(default_factory=dict)
+    # attention chains (attention.py): the second GEMM's id -> the scores and probabilities
+    # its kernel computes per block of rows, never stored
+    attention: dict[int, AttentionChain] = field(default_factory=dict)
     # convolution epilogues (epilogue.py): convolution id -> the loop nest it runs
     epilogues: dict[int, Node] = field(default_factory=dict)
     # horizontal groups (horizontal): the first member's id -> every member, in order
@@ -249,6 +254,8 @@ def plan_schedule(graph: Graph, costs: TargetCosts | None = None, stitch: bool =
     before = set(mat)
     if stitch:
         sched.stitches, sched.row_buffered = plan_stitches(nodes, mat, consumers, outputs)
+        if costs.attention_fusion:
+            sched.attention = plan_attention(nodes, mat, consumers, outputs, sched.stitches)
     unstored = before - mat  # reductions and values a stitch kernel now computes per row
 
     def region_unstored(x: Node) -> bool:
@@ -348,7 +355,9 @@ def fused_into(sched: Schedule, root: Node):
 def describe_kernel(sched: Schedule, root: Node) -> str:
     """``stitch softmax-like div f32[s0, 768]: fuses exp x1, reduce x2, ...``: for explain()."""
     kind = (
-        "stitch"
+        "attention"
+        if id(root) in sched.attention
+        else "stitch"
         if id(root) in sched.stitches
         else {
             "dot": "library GEMM",

@@ -4,7 +4,8 @@ Sits beside the planner; names values as ``ir/printer.py`` does, so a plan
 reads next to the graph's own dump (``<graph>.plan`` beside the passes'
 ``.ir`` files in ``dump_dir``). One line per value in memory, then one per
 kernel in call order: its root, kind, what it fuses (``%n:op``), and where it
-applies stitch rows, a row buffer, an epilogue, a horizontal group, operands
+applies an attention chain (its scores and probabilities, computed per block of
+rows), stitch rows, a row buffer, an epilogue, a horizontal group, operands
 read transposed in place (``^T``: the last two dims swapped; ``^(0,2,1,3)``: the
 buffer's dims in that order), a no-broadcast variant, a split variant for few
 rows, and the backend's library route; last, the
@@ -15,6 +16,7 @@ and last kernel, counted from 0)::
       buffers: %x, %0, %2, %8 (alias of %x), %11, ...
       kernel %11 = library dot f32[s0*s1, 32] transposed(%10 as %9^T) <- %10:transpose route(...)
       kernel %36 = stitch div f32[s1, 2, s0, s0] rows(%31, %35) row_buffer(%33) <- %26:reshape, ...
+      kernel %45 = attention dot f32[s1, 2, s0, 16] scores(%25) probs(%35) rows(%30, %34) ...
       kernel %2 = library convolution f32[s1, s2, s3, 8] epilogue(%21) <- %10:broadcast_in_dim, ...
 """
 
@@ -61,6 +63,8 @@ def print_plan(sched: Schedule) -> str:
 
 
 def _kind(sched: Schedule, root) -> str:
+    if id(root) in sched.attention:
+        return "attention"
     if id(root) in sched.stitches:
         return "stitch"
     if root.op in ROOT_OPS:
@@ -73,17 +77,22 @@ def _kernel(sched: Schedule, root, ref) -> str:
     text = f"{ref(root)} = {_kind(sched, root)} {root.op} {root.type}"
     if len(group) > 1:
         text += " horizontal(" + ", ".join(ref(m) for m in group) + ")"
-    if id(root) in sched.stitches:
-        text += " rows(" + ", ".join(ref(r) for r in sched.stitches[id(root)]) + ")"
-        buffered = sched.row_buffered.get(id(root), [])
+    chain = sched.attention.get(id(root))
+    if chain is not None:
+        text += f" scores({ref(chain.scores)}) probs({ref(chain.probs)})"
+    stitch = chain.probs if chain is not None else root
+    if id(stitch) in sched.stitches:
+        text += " rows(" + ", ".join(ref(r) for r in sched.stitches[id(stitch)]) + ")"
+        buffered = sched.row_buffered.get(id(stitch), [])
         if buffered:
             text += " row_buffer(" + ", ".join(ref(b) for b in buffered) + ")"
     epilogue = sched.epilogues.get(id(root))
     if epilogue is not None:
         text += f" epilogue({ref(epilogue)})"
+    operands = [*root.inputs, *(chain.scores.inputs if chain is not None else ())]
     transposed = [
         f"{ref(i)} as {ref(sched.transposed_operands[id(i)])}{_permuted(i)}"
-        for i in root.inputs
+        for i in operands
         if id(i) in sched.transposed_operands
     ]
     if transposed:

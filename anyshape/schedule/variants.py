@@ -89,9 +89,15 @@ def broadcast_dim(constraints, size, out) -> str:
 
 
 # Kernels with a no-broadcast variant: loop nests without early returns (elementwise,
-# reductions, stitch groups); library calls and window walks read their operands whole.
+# reductions, stitch groups, attention's softmax); library calls and window walks read
+# their operands whole.
 def _speculated(sched, root) -> bool:
-    return id(root) in sched.stitches or root.op == "reduce" or root.op not in ROOT_OPS
+    return (
+        id(root) in sched.stitches
+        or id(root) in sched.attention
+        or root.op == "reduce"
+        or root.op not in ROOT_OPS
+    )
 
 
 def plan_broadcast_variant(sched, root, computed) -> BroadcastVariant | None:

@@ -5,8 +5,9 @@ Sits beside the planner; run after planning when the ``verify`` option is on
 is sound when every value a kernel reads is an input, a weight or written by an
 earlier kernel; buffers sharing a workspace slot are never alive at once; every value in memory that is not an input, weight or alias is
 written by exactly one kernel; graph outputs are in memory; the values a stitch
-kernel computes per row are not; a horizontal group's members share one shape
-and dtype; routes and variants name kernels of the plan; and a no-broadcast
+kernel computes per row are not, nor an attention kernel's scores and
+probabilities; a horizontal group's members share one shape
+and dtype; attention chains, routes and variants name kernels of the plan; and a no-broadcast
 variant assumes only sizes its kernel broadcasts and nothing proves either way.
 """
 
@@ -35,7 +36,11 @@ def verify_plan(sched: Schedule) -> None:
     for k in sched.kernels:
         if id(k) not in mat or k.op in SOURCE_OPS or id(k) in sched.aliases:
             raise PlanError(f"kernel root {k.op} {k.type} is not a value it writes to memory")
-        for row_value in sched.stitches.get(id(k), []):
+        chain = sched.attention.get(id(k))
+        stitch = k if chain is None else chain.probs
+        if chain is not None and (id(chain.scores) in mat or id(chain.probs) in mat):
+            raise PlanError(f"attention kernel {k.op} {k.type} stores its scores or probabilities")
+        for row_value in sched.stitches.get(id(stitch), []):
             if id(row_value) in mat:
                 raise PlanError(f"stitch kernel {k.op} stores its per-row value {row_value.op}")
         group = members(sched, k)
@@ -59,6 +64,7 @@ def verify_plan(sched: Schedule) -> None:
             raise PlanError(f"{n.op} {n.type} is in memory but no kernel writes it")
     _check_slots(sched)
     decisions = (
+        ("attention chain", sched.attention),
         ("route", sched.routes),
         ("split variant", sched.split),
         ("no-broadcast variant", sched.no_broadcast),

@@ -7,7 +7,7 @@ GEMM whose right operand is a 2-D model weight (a linear layer: ``x @ W.T`` or
 where the BLAS path is faster on the ISA oneDNN runs it declines); every float dot
 has the BLAS path (``as_gemm_batch`` in ``gemm.h``: OpenBLAS, batched,
 transposes folded into the call; ``as_gemm_views`` where an operand is a permuted
-buffer read in place, attention's heads: ``_layout``); integer dots are a plain
+buffer read in place, attention's heads: ``operand_layout``); integer dots are a plain
 loop nest.
 """
 
@@ -54,7 +54,7 @@ def _dnnl_matmul(scope: KernelScope, root: Node, w: Node, transposed: bool) -> G
 
 
 @dataclass(frozen=True)
-class _Layout:
+class OperandLayout:
     """How a dot reads one operand ``[..., rows, cols]``: its buffer, whether each matrix
     is stored transposed, the leading dimension, and the stride of each batch dim."""
 
@@ -65,20 +65,20 @@ class _Layout:
     packed: bool  # matrices one after another (what ``as_gemm_batch`` reads)
 
 
-def _layout(sched: Schedule, x: Node) -> _Layout:
+def operand_layout(sched: Schedule, x: Node) -> OperandLayout:
     """``x``'s layout: packed row-major, or a transpose of a buffer read in place
     (``plan.reads_in_place``), whose strides follow from the permutation."""
     r = x.rank
     inner = sched.transposed_operands.get(id(x))
     if inner is None:
         strides = [shape_numel(x.shape[i + 1 :]) for i in range(r)]
-        return _Layout(x, False, x.shape[-1], strides[:-2], True)
+        return OperandLayout(x, False, x.shape[-1], strides[:-2], True)
     perm = tuple(x.attr("perm"))
     source = [shape_numel(inner.shape[j + 1 :]) for j in range(r)]
     strides = [source[p] for p in perm]
     transposed = perm[-2] == r - 1  # (else perm[-1] is: rows stride, columns are contiguous)
     ld = strides[-1] if transposed else strides[-2]
-    return _Layout(inner, transposed, ld, strides[:-2], perm[:-2] == tuple(range(r - 2)))
+    return OperandLayout(inner, transposed, ld, strides[:-2], perm[:-2] == tuple(range(r - 2)))
 
 
 def emit_dot(scope: KernelScope, root: Node) -> list:
@@ -87,7 +87,7 @@ def emit_dot(scope: KernelScope, root: Node) -> list:
     m, n = root.shape[-2], root.shape[-1]
     k = a.shape[-1]
     batch = shape_numel(root.shape[:-2])
-    la, lb = _layout(scope.sched, a), _layout(scope.sched, b)
+    la, lb = operand_layout(scope.sched, a), operand_layout(scope.sched, b)
     (abuf, ta), (bbuf, tb) = (la.buffer, la.transposed), (lb.buffer, lb.transposed)
     pa, pb, pc = scope.ptr(abuf), scope.ptr(bbuf), scope.ptr(root)
     M, N, K, B = (scope.dim(v) for v in (m, n, k, batch))

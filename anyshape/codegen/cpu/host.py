@@ -108,7 +108,10 @@ def emit_translation_unit(
     lines += [f"AS_KERNEL int {name}(void* const* P, const int64_t* D);" for name in names.values()]
     lines += host
     params = [n.attr("name") for n in sched.materialized if n.op == "param"]
-    labels = [kernel_label(k.root, len(members(sched, k.root))) for k in kernels]
+    labels = [
+        kernel_label(k.root, len(members(sched, k.root)), id(k.root) in sched.attention)
+        for k in kernels
+    ]
     described = [
         describe_kernel(sched, k.root)
         + (f" [variants: {' | '.join(k.variants)}]" if k.variants else "")
@@ -122,10 +125,12 @@ def emit_translation_unit(
     )
 
 
-def kernel_label(root: Node, outputs: int = 1) -> str:
+def kernel_label(root: Node, outputs: int = 1, attention: bool = False) -> str:
     """``op f32[s0, 768]``: what a profiled call site computes (``+ 2 more`` when a
-    horizontal group writes 3 outputs)."""
-    return f"{root.op} {root.type}" + (f" + {outputs - 1} more" if outputs > 1 else "")
+    horizontal group writes 3 outputs; ``attention f32[...]`` for an attention kernel,
+    its output's type)."""
+    what = "attention" if attention else root.op
+    return f"{what} {root.type}" + (f" + {outputs - 1} more" if outputs > 1 else "")
 
 
 def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_symbols):

@@ -12,6 +12,8 @@ materialized root node into a ``Kernel``: a C++ function
 - reduce / argreduce / cumulative: the fused input expression read inside the
   reduction loops (input fusion); sums of f32 accumulate in double (``reduce_emit``);
 - stitch groups: per row, the reductions into locals, then the row (``stitch_emit``);
+- attention chains: the scores GEMM, the stitch group's rows and the values GEMM per
+  block of query rows, the blocks in buffers of each thread's (``attention_emit``);
 - dot: oneDNN's matmul against a packed model weight, or OpenBLAS sgemm/dgemm
   (batched, transposes folded into the call) (``gemm_emit``);
 - convolution: float ones through oneDNN or im2col + GEMM (``conv_emit``),
@@ -34,6 +36,7 @@ from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
 from ...schedule.plan import Schedule, fused_into
 from ...schedule.reads import members
 from . import conv_emit, gemm_emit, pool_emit, scatter_emit, transpose_emit
+from .attention_emit import AttentionScope, emit_attention
 from .ctypes_map import c_type, compute_type
 from .expr import KernelScope
 from .hoist import hoist_invariants
@@ -288,7 +291,13 @@ def emit_kernel(
     """The kernel of ``root``; ``generalize``: its static sizes of ``FAMILY_MIN`` or more
     as run-time integers too (a kernel family's text, see ``families.py``)."""
     tail = ""
-    if id(root) in sched.stitches:
+    if id(root) in sched.attention:
+        scope = AttentionScope(sched, buffer_of, root)
+        tail = row_tail(root.inputs[0].shape[-1])
+
+        def emit():
+            return emit_attention(scope, root)
+    elif id(root) in sched.stitches:
         scope = StitchScope(sched, buffer_of, root)
         tail = row_tail(root.shape[-1])
 

@@ -37,7 +37,7 @@ not see whether the oneDNN package is installed).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ...config import Options
 from ...ir.dtypes import DType
@@ -101,7 +101,8 @@ class Route:
 def plan_kernels(graph, options: Options) -> Schedule:
     """The CPU backend's kernel plan for ``graph``: the planner with the CPU's costs,
     then the library routes; verified and dumped as the options say."""
-    sched = plan_schedule(graph, CPU_COSTS)
+    costs = replace(CPU_COSTS, attention_fusion=options.attention_fusion)
+    sched = plan_schedule(graph, costs)
     sched.routes = plan_routes(sched, CpuSettings.from_options(options))
     return after_planning(sched, options)
 

@@ -253,8 +253,6 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list:
     extents = [scope.dim(d) for d in root.shape[:-1]]
     scope.row_names = rows
     scope.row_loops.add(last)
-    t = c_type(root.dtype)
-    n = scope.dim(root.shape[-1])
     region: list = []  # the rows' parallel region, before the row loop
     pragmas: list[str] = []
     if rows and scope.split:
@@ -283,13 +281,36 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list:
             region.append(stmt(f"int64_t {rows[k]} = {first};", rows[k]))
             rest = f"(({e}) ? {rest} / ({e}) : 0)" if k else rest
 
+    body, buffered = row_body(
+        scope, root, broadcasts, names, lambda v: store(scope, root, names, v)
+    )
+    if buffered:
+        region += row_buffer(scope, root, buffered, flag=bool(rows))
+    if not rows:
+        return [*region, *body]
+    step = ""
+    for k in range(len(rows) - 1, 0, -1):
+        step += f"if (++{rows[k]} == {extents[k]}) {{ {rows[k]} = 0; "
+    step += f"++{rows[0]};" + " }" * (len(rows) - 1)
+    guard = "rb && " if buffered else ""
+    each_row = For("row", "lo", test=f"{guard}row < hi")
+    region.append(loop(each_row, [*body, stmt(step, *rows)]))
+    return [block(region, pragmas)]
+
+
+def row_body(scope: StitchScope, root: Node, broadcasts: list[Node], names, write) -> tuple:
+    """One row of a stitch group at index ``names`` (its row indices already set): every
+    reduction into a local, then the row, ``write(value)`` the statement storing each
+    element. Returns the row's statements and how many values it keeps in the row buffer
+    (0: it takes none; ``row_buffer`` declares it)."""
+    rows, last = names[:-1], names[-1]
+    n = scope.dim(root.shape[-1])
+
     def row():
         for b in broadcasts:  # the reductions, once per row (memoized for the loop below)
             scope.value(b, rows + ("0",))
         scope.row_values = set(scope.memo.values())
-        inner = statements(
-            scope, lambda: store(scope, root, names, scope.fused_expression(root, names))
-        )
+        inner = statements(scope, lambda: write(scope.fused_expression(root, names)))
         if scope.split:
             share = loop(split_range(last, n), inner)
             scope.lines.append(split_block(n, scope.row_parallel(n), [share]))
@@ -302,21 +323,15 @@ def emit_stitch(scope: StitchScope, root: Node, broadcasts: list[Node]) -> list:
     # not stored, and a kernel that reads no value back takes no row buffer.
     unread = {("row store", slot) for slot in scope.stored if slot not in scope.slots_read}
     body = prune(body, lambda node: isinstance(node, Stmt) and node.tag in unread)
-    buffered = len(scope.row_slots) if scope.slots_read else 0
-    if buffered:
-        # At least one element: an empty row asks for 0 bytes, which the arena refuses.
-        size = f"(int64_t)sizeof({t}) * {buffered} * as_max64({n}, 1)"
-        region.append(stmt(f"{t}* rb = ({t}*)as_scratch({size});", "rb"))
-        region.append(
-            stmt("if (!rb) err_flag = 3;", "err_flag") if rows else stmt("if (!rb) return 3;")
-        )
-    if not rows:
-        return [*region, *body]
-    step = ""
-    for k in range(len(rows) - 1, 0, -1):
-        step += f"if (++{rows[k]} == {extents[k]}) {{ {rows[k]} = 0; "
-    step += f"++{rows[0]};" + " }" * (len(rows) - 1)
-    guard = "rb && " if buffered else ""
-    each_row = For("row", "lo", test=f"{guard}row < hi")
-    region.append(loop(each_row, [*body, stmt(step, *rows)]))
-    return [block(region, pragmas)]
+    return body, len(scope.row_slots) if scope.slots_read else 0
+
+
+def row_buffer(scope: StitchScope, root: Node, buffered: int, flag: bool = True) -> list:
+    """The thread's row buffer ``rb`` for ``buffered`` values per element of a row; if it
+    cannot be had, the error flag is set (the row loop then stops) or, ``flag`` off, the
+    kernel returns the error."""
+    t = c_type(root.dtype)
+    # At least one element: an empty row asks for 0 bytes, which the arena refuses.
+    size = f"(int64_t)sizeof({t}) * {buffered} * as_max64({scope.dim(root.shape[-1])}, 1)"
+    fail = stmt("if (!rb) err_flag = 3;", "err_flag") if flag else stmt("if (!rb) return 3;")
+    return [stmt(f"{t}* rb = ({t}*)as_scratch({size});", "rb"), fail]
