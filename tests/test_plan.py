@@ -95,7 +95,9 @@ def test_the_plans_show_what_the_planner_decided():
     bert, resnet = (print_plan(_plan(n)) for n in ("bert_layer", "resnet_block"))
     assert bert.count(" = stitch ") == 2  # two layer norms, one pass each
     # the scores GEMM, softmax and values GEMM as one kernel: neither score matrix stored
-    assert bert.count(" = attention dot ") == 1 and " = library dot f32[s59, 2, s81, s81]" not in bert
+    assert (
+        bert.count(" = attention dot ") == 1 and " = library dot f32[s59, 2, s81, s81]" not in bert
+    )
     assert "transposed(" in bert  # x @ W.T reads W in place, no copy kernel
     assert " epilogue(" in resnet  # batch norm and ReLU inside the convolution
     assert resnet.count(" = library convolution ") == 2
