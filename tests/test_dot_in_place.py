@@ -48,11 +48,13 @@ def _kernels(opt) -> list[str]:
     return opt.report.clusters[0].compiled.native.kernel_labels
 
 
-def _views_called(opt) -> bool:
+def _kernel_source(opt) -> str:
     source = opt.report.clusters[0].compiled.native.source
-    return (
-        "as_gemm_views<" in source.split("// anyshape: host")[0].split("// anyshape: kernel", 1)[-1]
-    )
+    return source.split("// anyshape: host")[0].split("// anyshape: kernel", 1)[-1]
+
+
+def _views_called(opt) -> bool:
+    return "as_gemm_views<" in _kernel_source(opt)
 
 
 def _inputs(shape, pa, pb, dtype):
@@ -135,17 +137,25 @@ def test_what_a_gemm_cannot_read_is_copied(pa, pb, dtype, shapes):
 
 def test_attention_heads_need_no_copy_kernels():
     """Q, K and V are read from the projection's output in place: the only copy left is
-    the heads merged back (``[b, h, s, d] -> [b, s, h, d]``), a tiled one."""
+    the heads merged back (``[b, h, s, d] -> [b, s, h, d]``), a tiled one. Fused into one
+    attention kernel, its GEMMs read each head through ``as_view``; unfused, the batched
+    GEMMs read them through ``as_gemm_views``."""
     torch.manual_seed(0)
     model = Attention(heads=4, width=32).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 7, 32),), model_cache=False)
     transposes = [k for k in _kernels(opt) if k.startswith("transpose")]
     assert len(transposes) <= 1, _kernels(opt)
-    assert _views_called(opt)
+    assert "as_block_sgemm(" in _kernel_source(opt) and "as_view(" in _kernel_source(opt)
+    unfused = anyshape.optimize(
+        model, (torch.randn(2, 7, 32),), model_cache=False, attention_fusion=False
+    )
+    assert len([k for k in _kernels(unfused) if k.startswith("transpose")]) <= 1
+    assert _views_called(unfused)
     with torch.no_grad():
         for b, s in [(1, 1), (3, 19), (0, 5), (2, 0), (4, 64)]:
             x = torch.randn(b, s, 32)
             torch.testing.assert_close(opt(x), model(x), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(unfused(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 # (b, 8 heads, m, k, n): rows of 8 x 64 floats either side of 128 reads
