@@ -70,7 +70,20 @@ def _cstr(text: str) -> str:
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
 
 
-_REASSOCIATE = '__attribute__((optimize("associative-math", "no-signed-zeros"))) '
+def _attributes(body: str) -> str:
+    """A kernel's GCC ``optimize`` attribute: float sums reassociated (``omp simd`` sums, as
+    eager's vectorized ones); an attention kernel (``attention_emit``) without loop
+    unswitching, which GCC 12.2 at -O3 with AVX-512 miscompiled there: a padding mask's
+    bounds check, invariant in a row's masked tail loop, turned two live scores of a row
+    into -inf (ONNX's attention_local_window_ext_cache_rank3_head_mask_expanded)."""
+    opts = []
+    if "reduction(+:" in body:
+        opts += ["associative-math", "no-signed-zeros"]
+    if "as_block_sgemm(" in body:
+        opts.append("no-unswitch-loops")
+    if not opts:
+        return ""
+    return "__attribute__((optimize(" + ", ".join(f'"{o}"' for o in opts) + "))) "
 
 
 def emit_translation_unit(
@@ -98,7 +111,7 @@ def emit_translation_unit(
         texts = [here.joinpath(h).read_text() for h in headers]
         lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", *texts, "#endif"]
     for body, name in names.items():
-        attr = _REASSOCIATE if "reduction(+:" in body else ""
+        attr = _attributes(body)
         lines.append(KERNEL_MARK)
         lines.append(f"AS_KERNEL int {attr}{name}(void* const* P, const int64_t* D) {{")
         lines += ["  " + ln for ln in body.splitlines()]
