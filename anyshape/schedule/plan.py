@@ -352,6 +352,13 @@ def fused_into(sched: Schedule, root: Node):
         stack.extend(n.inputs)
 
 
+def stitch_root(sched: Schedule, root: Node) -> Node:
+    """The stitch group's root a kernel runs: an attention kernel's probabilities, else
+    ``root`` itself (a key of ``Schedule.stitches`` when the kernel is a stitch)."""
+    chain = sched.attention.get(id(root))
+    return chain.probs if chain is not None else root
+
+
 def describe_kernel(sched: Schedule, root: Node) -> str:
     """``stitch softmax-like div f32[s0, 768]: fuses exp x1, reduce x2, ...``: for explain()."""
     kind = (

@@ -25,7 +25,7 @@ from __future__ import annotations
 from ..ir.printer import value_names
 from ..ir.symbolic import format_dim
 from .op_classes import CHEAP_OPS, ROOT_OPS
-from .plan import Schedule, fused_into
+from .plan import Schedule, fused_into, stitch_root
 from .reads import members
 
 
@@ -80,7 +80,7 @@ def _kernel(sched: Schedule, root, ref) -> str:
     chain = sched.attention.get(id(root))
     if chain is not None:
         text += f" scores({ref(chain.scores)}) probs({ref(chain.probs)})"
-    stitch = chain.probs if chain is not None else root
+    stitch = stitch_root(sched, root)
     if id(stitch) in sched.stitches:
         text += " rows(" + ", ".join(ref(r) for r in sched.stitches[id(stitch)]) + ")"
         buffered = sched.row_buffered.get(id(stitch), [])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..errors import AnyshapeError
 from .op_classes import SOURCE_OPS
-from .plan import Schedule, fused_into
+from .plan import Schedule, fused_into, stitch_root
 from .reads import kernel_inputs, members, memory_reads
 from .variants import MAY_BE_ONE, broadcast_dim
 
@@ -37,10 +37,9 @@ def verify_plan(sched: Schedule) -> None:
         if id(k) not in mat or k.op in SOURCE_OPS or id(k) in sched.aliases:
             raise PlanError(f"kernel root {k.op} {k.type} is not a value it writes to memory")
         chain = sched.attention.get(id(k))
-        stitch = k if chain is None else chain.probs
         if chain is not None and (id(chain.scores) in mat or id(chain.probs) in mat):
             raise PlanError(f"attention kernel {k.op} {k.type} stores its scores or probabilities")
-        for row_value in sched.stitches.get(id(stitch), []):
+        for row_value in sched.stitches.get(id(stitch_root(sched, k)), []):
             if id(row_value) in mat:
                 raise PlanError(f"stitch kernel {k.op} stores its per-row value {row_value.op}")
         group = members(sched, k)

@@ -3,7 +3,7 @@
 Sits beside ``kernels`` (which dispatches here for the roots the kernel plan made
 attention chains, see ``anyshape/schedule/attention.py``), over the stitch
 emitter's row code (``stitch_emit.row_body``) and the GEMM glue (``gemm.h``:
-``as_block_sgemm``, ``as_attention_rows``). The tasks (each batch entry's blocks
+``as_block_sgemm``, ``as_attention_rows``, ``as_copy_scratch``). The tasks (each batch entry's blocks
 of ``as_attention_rows`` query rows) are split into one contiguous range per
 thread. For each, on its thread:
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ...ir.graph import Node
 from ...ir.symbolic import shape_numel
-from .gemm_emit import OperandLayout, operand_layout
+from .gemm_emit import OperandLayout, operand_layout, outer_inner
 from .loop_ir import For, block, loop, stmt, text
 from .loop_nest import PARALLEL_WORK, loop_vars
 from .stitch_emit import StitchScope, row_body, row_buffer
@@ -57,13 +57,12 @@ def emit_attention(scope: AttentionScope, out: Node) -> list:
     v = out.inputs[1]
     sizes = (scores.shape[-2], scores.shape[-1], q.shape[-1], out.shape[-1])
     m, n, kk, dv = (scope.dim(d) for d in sizes)
-    batch = list(out.shape[:-2])  # one or two dims, (outer, inner) as gemm.h's as_view has it
-    inner_s = scope.dim([1, *batch][-1])
+    batch = list(out.shape[:-2])
+    inner_s = scope.dim(outer_inner(batch, 1)[1])
     total = scope.dim(shape_numel(batch))
 
     def view(lay: OperandLayout, rows_from: str = "") -> str:
-        strides = ([0, 0, *lay.batch_strides])[-2:]
-        o, i = (scope.dim(s) for s in strides)
+        o, i = (scope.dim(s) for s in outer_inner(lay.batch_strides))
         base = f"as_view((const float*){scope.ptr(lay.buffer)}, {o}, {i}, p, {inner_s})"
         if not rows_from:
             return base
@@ -107,7 +106,7 @@ def emit_attention(scope: AttentionScope, out: Node) -> list:
         stmt(f"const int64_t mb = as_attention_rows({n}), nb = ({m} + mb - 1) / mb;", "mb", "nb"),
         stmt(f"const int64_t tasks = {total} * nb;", "tasks"),
         stmt("const int64_t lo = tasks * th / nt, hi = tasks * (th + 1) / nt;", "lo", "hi"),
-        stmt(f"float* sb = lo < hi ? as_attention_scratch(2 * mb * {width}) : nullptr;", "sb"),
+        stmt(f"float* sb = lo < hi ? as_copy_scratch(2 * mb * {width}) : nullptr;", "sb"),
         stmt("if (lo < hi && !sb) err_flag = 3;", "err_flag"),
         stmt(f"float* pb = sb ? sb + mb * {width} : nullptr;", "pb"),
     ]

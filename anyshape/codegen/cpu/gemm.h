@@ -11,6 +11,13 @@ AS_INLINE T* as_view(T* base, int64_t o, int64_t i, int64_t p, int64_t inner) {
   return base + (p / inner) * o + (p % inner) * i;
 }
 
+// Each thread's operand copies (as_batch_sgemm) or attention blocks (attention_emit): a
+// buffer of its own, as a caller's as_scratch may be live (a softmax's row buffer).
+AS_SHARED float* as_copy_scratch(int64_t floats) {
+  static thread_local AsArena arena;
+  return (float*)arena.reserve(floats * (int64_t)sizeof(float));
+}
+
 #ifdef ANYSHAPE_DNNL
 // Each 8-row block reads all of B: more than one block only while B stays in half the
 // L3 cache (AS_L3_BYTES, from sysfs at build time). GPT-2's 154 MB output projection,
@@ -51,11 +58,6 @@ static inline void as_copy_rows(const float* src, int64_t lds, float* dst, int64
     #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) d[c] = s[c];
   }
-}
-// Each thread's copies (a buffer of its own: a caller's as_scratch may be live).
-AS_SHARED float* as_copy_scratch(int64_t floats) {
-  static thread_local AsArena arena;
-  return (float*)arena.reserve(floats * (int64_t)sizeof(float));
 }
 // Many GEMMs of one shape (attention's heads): whole GEMMs per thread, each through
 // oneDNN's sgemm, which runs single-threaded inside the parallel loop. 180-220 GFLOP/s at
@@ -104,11 +106,6 @@ static inline bool as_batch_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_
 static inline int64_t as_attention_rows(int64_t n) {
   const int64_t rows = INT64_C(32768) / as_max64(n, 1);
   return rows >= 64 ? 64 : rows < 8 ? 8 : rows / 8 * 8;
-}
-// Each thread's two buffers (not as_scratch: the softmax's row buffer is taken there).
-AS_SHARED float* as_attention_scratch(int64_t floats) {
-  static thread_local AsArena arena;
-  return (float*)arena.reserve(floats * (int64_t)sizeof(float));
 }
 // One GEMM of a block, row-major, on the calling thread: oneDNN's sgemm runs single-threaded
 // inside the parallel region; OpenBLAS (a build without oneDNN, or a oneDNN error) hands its

@@ -81,6 +81,12 @@ def operand_layout(sched: Schedule, x: Node) -> OperandLayout:
     return OperandLayout(inner, transposed, ld, strides[:-2], perm[:-2] == tuple(range(r - 2)))
 
 
+def outer_inner(values: list, pad=0) -> list:
+    """A batch of at most two dims as gemm.h's ``as_view`` takes it, (outer, inner): its
+    sizes (``pad`` 1) or an operand's strides along them (``pad`` 0, a dim it lacks)."""
+    return [pad, pad, *values][-2:]
+
+
 def emit_dot(scope: KernelScope, root: Node) -> list:
     """The GEMM call (hand-written glue, opaque to the passes)."""
     a, b = root.inputs
@@ -112,13 +118,11 @@ def emit_dot(scope: KernelScope, root: Node) -> list:
                 )
             ]
         # A batch over one or two dims (outer, inner), each operand at its own strides.
-        dims = list(root.shape[:-2])
-        outer, inner = dims if len(dims) == 2 else [1, *dims]
+        outer, inner = outer_inner(list(root.shape[:-2]), 1)
         c_strides = [shape_numel(root.shape[i + 1 :]) for i in range(root.rank - 2)]
 
         def pair(strides: list) -> str:
-            both = strides if len(strides) == 2 else [0, *strides]
-            return ", ".join(scope.dim(s) for s in both)
+            return ", ".join(scope.dim(s) for s in outer_inner(strides))
 
         return lines + [
             text(

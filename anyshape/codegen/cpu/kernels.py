@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from ...ir.dtypes import DType
 from ...ir.graph import Node
 from ...ir.symbolic import SymExpr, as_dim, as_expr, format_dim, shape_numel
-from ...schedule.plan import Schedule, fused_into
+from ...schedule.plan import Schedule, fused_into, stitch_root
 from ...schedule.reads import members
 from . import conv_emit, gemm_emit, pool_emit, scatter_emit, transpose_emit
 from .attention_emit import AttentionScope, emit_attention
@@ -293,7 +293,7 @@ def emit_kernel(
     tail = ""
     if id(root) in sched.attention:
         scope = AttentionScope(sched, buffer_of, root)
-        tail = row_tail(root.inputs[0].shape[-1])
+        tail = row_tail(stitch_root(sched, root).shape[-1])
 
         def emit():
             return emit_attention(scope, root)
