@@ -100,7 +100,7 @@ static inline bool as_batch_sgemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_
 // Fused attention (attention_emit): per batch entry and block of query rows, on one thread,
 // the scores into a buffer of the thread's, the softmax rows into a second one, then the
 // values GEMM into the output rows; the score matrix never reaches memory. BERT-base with
-// AVX-512 at 4 x 502 tokens, one layer's attention: 24.2 -> 14.8 ms (docs/performance.md).
+// AVX-512 at 4 x 502 tokens, one layer's attention: 24.2 -> 14.3 ms (docs/performance.md).
 // Rows per block: both buffers (2 x rows x n floats) within 256 KB of the core's L2, 8 to
 // 64 rows (each GEMM then has rows enough to run at its speed).
 static inline int64_t as_attention_rows(int64_t n) {
