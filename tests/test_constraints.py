@@ -202,6 +202,18 @@ def test_guard_eq_records_a_checked_guard():
     assert len(s.guards) == 1
 
 
+def test_guard_eq_of_a_guard_a_frontend_recorded_adds_no_second_check():
+    # (Dynamo's guard for a view, recorded as a guard only; a type rule asks again)
+    s = ConstraintStore()
+    s.add_guard(Guard("eq", S0 * S1, 3 * S1 * floordiv(S0, 3), "view"))
+    assert not s.prove_eq(S0 * S1, 3 * S1 * floordiv(S0, 3))
+    assert s.guard_eq(3 * S1 * floordiv(S0, 3), S0 * S1, "reshape")
+    assert len(s.guards) == 1
+    assert s.prove_eq(S0 * S1, 3 * S1 * floordiv(S0, 3))  # (assumed from now on)
+    s.guard_eq(S0, S1, "another")
+    assert len(s.guards) == 2
+
+
 def test_guard_eq_skips_provable_and_rejects_impossible():
     s = store_with(s0=(5, 5))
     assert s.guard_eq(S0, 5, "fixed") and s.guards == []

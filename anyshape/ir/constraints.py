@@ -270,7 +270,9 @@ class ConstraintStore:
             return True
         if self.prove_ne(a, b):
             raise ValueError(f"{reason}: {a} == {b} can never hold")
-        self.guards.append(Guard("eq", a, b, reason))
+        if not any(g.op == "eq" and {g.lhs, g.rhs} == {a, b} for g in self.guards):
+            # (a guard a frontend recorded, e.g. Dynamo's for a view, is checked already)
+            self.guards.append(Guard("eq", a, b, reason))
         self.add_equal(a, b)
         return True
 
