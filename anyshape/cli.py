@@ -77,6 +77,13 @@ def parser() -> argparse.ArgumentParser:
         help=f"requests (training: steps) per workload (default {QUICK_REQUESTS} with --quick, "
         f"else {FULL_REQUESTS})",
     )
+    bench.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="serve each stream this many times, the same shapes in the same order; the "
+        "steady state is then the last pass, every shape seen before (default 1)",
+    )
     bench.add_argument("--seed", type=int, default=0, help="weights and request shapes")
     bench.add_argument(
         "--shapes",
@@ -182,9 +189,9 @@ def _workloads(ap, args, default: list[str], known: list[str], kind: str) -> lis
     return chosen
 
 
-def _write(report, results: dict, out: str, t0: float) -> int:
+def _write(report, results: dict, out: str, t0: float, table=None) -> int:
     paths = report.write(results, out)
-    print(report.table(results))
+    print((table or report.table)(results))
     print(f"wrote {', '.join(str(p) for p in paths)} in {time.perf_counter() - t0:.0f} s")
     return 0
 
@@ -206,6 +213,8 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
     )
     _check(ap, "backends", chosen_backends, known_backends)
     requests = _requests(ap, args)
+    if args.passes < 1:
+        ap.error("--passes must be at least 1")
     ranges = _ranges(ap, args, {k: len(r) for k, r in workloads.FULL_RANGES.items()})
     settings = runner.Settings(
         workloads=chosen_workloads,
@@ -219,9 +228,10 @@ def bench(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -
         progress=not args.no_progress,
         set_up=not args.no_set_up,
         ranges=ranges,
+        passes=args.passes,
     )
     t0 = time.perf_counter()
-    return _write(report, runner.run(settings, command), args.out, t0)
+    return _write(report, runner.run(settings, command), args.out, t0, report.stream_table)
 
 
 def bench_training(ap: argparse.ArgumentParser, args: argparse.Namespace, command: str) -> int:
@@ -230,6 +240,8 @@ def bench_training(ap: argparse.ArgumentParser, args: argparse.Namespace, comman
         ap.error("--onnx is an inference mode; give --training or --onnx, not both")
     if args.anyshape_backend != "cpu":
         ap.error("--training compiles with anyshape's cpu backend; --anyshape-backend must be cpu")
+    if args.passes != 1:
+        ap.error("--passes applies to inference streams; a training run takes --requests steps")
     training = _import_training()
     known = list(training.WORKLOADS)
     workloads = _workloads(ap, args, known, known, "training workloads")

@@ -70,6 +70,20 @@ def _row(workload: str, r: dict, notes: list[str]) -> list[str]:
     return mark_failed(cells, workload, r, notes)
 
 
+FIRST_PASS = "1st pass median ms"  # a column of runs that serve the stream more than once
+
+
+def _row_with_first_pass(workload: str, r: dict, notes: list[str]) -> list[str]:
+    cells = _row(workload, r, notes)
+    first = None if r["error"] is not None else r.get("first_pass_median_ms")
+    at = COLUMNS.index("ratio vs eager") + 1
+    return [*cells[:at], _num(first, ".3g"), *cells[at:]]
+
+
+def _passes(results: dict) -> int:
+    return results["settings"].get("passes", 1)
+
+
 def mark_failed(cells: list[str], workload: str, r: dict, notes: list[str]) -> list[str]:
     """A failed backend's row: a numbered note in place of its timings."""
     if r["error"] is not None:
@@ -110,7 +124,9 @@ def header(results: dict) -> str:
                 results, f"onnxruntime {m['onnxruntime']}, openvino {m.get('openvino')}"
             ),
             f"Limits: {limits}  ",
-            f"Run: {s['requests']} requests per workload, seed {s['seed']}, "
+            f"Run: {s['requests']} requests per workload"
+            + (f", served {_passes(results)} times" if _passes(results) > 1 else "")
+            + f", seed {s['seed']}, "
             f"{'quick' if s['quick'] else 'full-size'} configs, anyshape backend "
             f"{s['anyshape_backend']}, {'fresh' if s['fresh_caches'] else 'existing'} compile "
             f"caches, {results['wall_s']:.0f} s wall",
@@ -138,16 +154,32 @@ def command_and_machine(results: dict, software: str) -> list[str]:
     ]
 
 
+def stream_table(results: dict) -> str:
+    """The table of an inference run, with the first pass's column where it has several."""
+    if _passes(results) == 1:
+        return table(results)
+    at = COLUMNS.index("ratio vs eager") + 1
+    return table(results, [*COLUMNS[:at], FIRST_PASS, *COLUMNS[at:]], _row_with_first_pass)
+
+
 def markdown(results: dict) -> str:
+    passes = _passes(results)
+    steady = ""
+    if passes > 1:
+        steady = (
+            f"steady state: the last of {passes} passes over the stream (every shape seen "
+            f"before); {FIRST_PASS}: the first pass after its first request (every shape new); "
+            "total s: the first pass, compile included. "
+        )
     return (
         "# anyshape benchmark results\n\n"
         + header(results)
         + "\n\n"
-        + table(results)
+        + stream_table(results)
         + setup_line(results)
-        + "\nratio vs eager: median over steady-state requests of eager time / backend time "
-        "(> 1 is faster). % of limit: median achieved GFLOP/s over peak GEMM (models) or "
-        "GB/s over copy bandwidth (micrographs). See docs/performance.md.\n"
+        + f"\n{steady}ratio vs eager: median over steady-state requests of eager time / "
+        "backend time (> 1 is faster). % of limit: median achieved GFLOP/s over peak GEMM "
+        "(models) or GB/s over copy bandwidth (micrographs). See docs/performance.md.\n"
     )
 
 

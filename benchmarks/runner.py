@@ -13,6 +13,11 @@ own (``set_up``): imports, the exporter's and the runtime's first use. That cost
 is paid once per process whatever the models, so it is reported on its own
 (``setup`` in the results, a line under the table) rather than landing in the
 first workload's compile time of whichever backend happens to go first.
+
+With ``passes`` > 1 the stream is served again, the same shapes in the same order:
+the steady state is then the last pass, where every backend has seen every shape
+(per-shape work such as oneDNN's primitives for a new image size is done), and the
+first pass's median, every shape new, is reported beside it.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Settings:
     progress: bool = True
     set_up: bool = True  # each backend's one-time process set-up before the streams
     ranges: dict = field(default_factory=dict)  # kind -> [(lo, hi) per dim]: overrides
+    passes: int = 1  # the stream served this many times; the last pass is the steady state
 
 
 @dataclass
@@ -161,14 +167,15 @@ def run_workload(name: str, settings: Settings, bar) -> dict:
     others = [Track(table[b]) for b in settings.backends if b != "eager"]
     work = []
     with torch.no_grad():
-        for i, shape in enumerate(shapes):
+        for i, shape in enumerate(shapes * settings.passes):
             inputs = built.inputs(shape)
             ref = _step(eager, built.model, example, inputs, i, shape, bar, name)
             for k in range(len(others)):
                 track = others[(i + k) % len(others)]
                 got = _step(track, built.model, example, inputs, i, shape, bar, name)
                 _compare(track, got, ref, i)
-            work.append(_work(spec.bound, built.model, inputs, ref))
+            if i < len(shapes):
+                work.append(_work(spec.bound, built.model, inputs, ref))
     return {
         "kind": spec.kind,
         "bound": spec.bound,
@@ -178,6 +185,7 @@ def run_workload(name: str, settings: Settings, bar) -> dict:
         "sizes": [workloads.size(spec.kind, s) for s in shapes],
         "work": work,
         "work_unit": "flop" if spec.bound == "compute" else "byte",
+        "passes": settings.passes,
         "results": [_summary(t, eager, work, spec.bound) for t in [eager, *others]],
     }
 
@@ -191,29 +199,47 @@ def _step(track: Track, model, example, inputs, index: int, shape, bar, name: st
     return _call(track, model, example, inputs, index, shape)
 
 
-def timings(seconds: list[float], eager_seconds: list[float], failed: bool) -> dict:
-    """The time columns of a backend's summary: first call, total, steady-state median,
-    p90 and the median of its per-request ratios to eager."""
-    steady = seconds[WARMUP:]
-    ratios = [e / t for e, t in zip(eager_seconds[WARMUP:], steady)]
+def steady_indices(count: int, per_pass: int | None = None) -> range:
+    """The requests that make the steady state: after the first (it compiles), or with
+    several passes of ``per_pass`` requests, the last pass."""
+    if per_pass and count > per_pass:
+        return range((count - 1) // per_pass * per_pass, count)
+    return range(min(WARMUP, count), count)
+
+
+def timings(
+    seconds: list[float], eager_seconds: list[float], failed: bool, per_pass: int | None = None
+) -> dict:
+    """The time columns of a backend's summary: first call, total (the stream served once,
+    compile included), steady-state median, p90, the median of its per-request ratios
+    to eager and, with several passes, the first pass's median."""
+    steady_at = steady_indices(len(seconds), per_pass)
+    steady = [seconds[i] for i in steady_at]
+    ratios = [eager_seconds[i] / seconds[i] for i in steady_at if i < len(eager_seconds)]
+    first_pass = seconds[:per_pass] if per_pass else seconds
+    first_new = first_pass[WARMUP:]
     return {
         "compile_s": seconds[0] if seconds else None,
-        "total_s": sum(seconds) if not failed else None,
+        "total_s": sum(first_pass) if not failed else None,
         "median_ms": statistics.median(steady) * 1e3 if steady else None,
         "p90_ms": float(np.percentile(steady, 90)) * 1e3 if steady else None,
         "ratio_vs_eager": statistics.median(ratios) if ratios else None,
+        "first_pass_median_ms": statistics.median(first_new) * 1e3
+        if per_pass and len(seconds) > per_pass and first_new
+        else None,
     }
 
 
 def _summary(track: Track, eager: Track, work: list, bound: str) -> dict:
-    steady = track.seconds[WARMUP:]
-    rates = [w / t for w, t in zip(work[WARMUP:], steady) if w is not None]
+    n = len(work)
+    steady_at = steady_indices(len(track.seconds), n)
+    rates = [work[i % n] / track.seconds[i] for i in steady_at if work[i % n] is not None]
     return {
         "backend": track.backend.name,
         "description": track.backend.description,
         "error": track.error,
         "requests_done": len(track.seconds),
-        **timings(track.seconds, eager.seconds, track.error is not None),
+        **timings(track.seconds, eager.seconds, track.error is not None, n),
         "graphs_first_call": track.graphs_first_call,
         "recompiles": track.recompiles,
         "peak_rss_mb": track.rss_peak_kb / 1024 if track.seconds else None,
@@ -326,5 +352,5 @@ def _progress(settings: Settings):
         return None
     from tqdm import tqdm
 
-    total = len(settings.workloads) * settings.requests * len(settings.backends)
+    total = len(settings.workloads) * settings.requests * settings.passes * len(settings.backends)
     return tqdm(total=total, unit="call", file=sys.stderr, dynamic_ncols=True)

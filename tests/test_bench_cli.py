@@ -123,6 +123,37 @@ def test_openvino_compiles_once_and_matches_eager_at_new_shapes(monkeypatch):
     assert ov["max_abs_err"] is not None and ov["max_abs_err"] < 1e-4
 
 
+def test_a_second_pass_is_the_steady_state_and_the_first_is_reported_beside_it():
+    _, report, runner, _ = cli._import_benchmarks()
+    results = runner.run(
+        _quick(runner, "softmax", ["eager", "anyshape"], 3, passes=2, set_up=False)
+    )
+    section = results["workloads"]["softmax"]
+    assert section["passes"] == 2 and len(section["work"]) == 3
+    eager, compiled = section["results"]
+    for r in (eager, compiled):
+        assert r["error"] is None and r["requests_done"] == 6
+        ms = r["request_ms"]
+        assert r["median_ms"] == pytest.approx(sorted(ms[3:])[1])  # the second pass
+        assert r["first_pass_median_ms"] == pytest.approx((ms[1] + ms[2]) / 2)
+        assert r["total_s"] == pytest.approx(sum(ms[:3]) / 1e3)  # served once
+    ratios = sorted(e / c for e, c in zip(eager["request_ms"][3:], compiled["request_ms"][3:]))
+    assert compiled["ratio_vs_eager"] == pytest.approx(ratios[1])
+    assert compiled["recompiles"] == 0  # the second pass's shapes were all seen
+    md = report.markdown(results)
+    assert "| ratio vs eager | 1st pass median ms |" in md and "served 2 times" in md
+    assert "the last of 2 passes" in md
+    one = runner.run(_quick(runner, "softmax", ["eager"], 3, set_up=False))
+    assert one["workloads"]["softmax"]["results"][0]["first_pass_median_ms"] is None
+    assert "1st pass" not in report.markdown(one)
+
+
+def test_passes_must_be_at_least_one(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["bench", "--passes", "0", "--no-progress"])
+    assert e.value.code == 2 and "--passes must be at least 1" in capsys.readouterr().err
+
+
 def test_bad_shape_ranges_are_rejected_with_the_reason(capsys):
     for bad, why in [
         ("text=8-1,8-16", "0 < LO <= HI"),
