@@ -232,12 +232,21 @@ def plot_latency(results: dict, path: Path) -> None:
     plt.close(fig)
 
 
+def latency_points(section: dict, r: dict) -> list[tuple]:
+    """(request size, ms) of a backend's steady state, by size: the last pass of several,
+    else the pass after its first request (which compiles)."""
+    sizes = section["sizes"]
+    n, done = len(sizes), len(r["request_ms"])
+    start = (done - 1) // n * n if done > n else 0
+    skip = 0 if start else 1
+    return sorted(zip(sizes[skip:], r["request_ms"][start + skip :]))
+
+
 def _latency_panel(ax, name: str, section: dict, colors: dict[str, str]) -> None:
     from matplotlib.ticker import NullFormatter
 
-    sizes = section["sizes"]
     for r in section["results"]:
-        points = sorted(zip(sizes[1:], r["request_ms"][1:]))
+        points = latency_points(section, r)
         if points:
             ax.plot(
                 *zip(*points),

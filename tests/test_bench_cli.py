@@ -140,11 +140,19 @@ def test_a_second_pass_is_the_steady_state_and_the_first_is_reported_beside_it()
     ratios = sorted(e / c for e, c in zip(eager["request_ms"][3:], compiled["request_ms"][3:]))
     assert compiled["ratio_vs_eager"] == pytest.approx(ratios[1])
     assert compiled["recompiles"] == 0  # the second pass's shapes were all seen
+    # the latency plot shows the second pass, every request of it
+    assert report.latency_points(section, compiled) == sorted(
+        zip(section["sizes"], compiled["request_ms"][3:])
+    )
     md = report.markdown(results)
     assert "| ratio vs eager | 1st pass median ms |" in md and "served 2 times" in md
     assert "the last of 2 passes" in md
     one = runner.run(_quick(runner, "softmax", ["eager"], 3, set_up=False))
-    assert one["workloads"]["softmax"]["results"][0]["first_pass_median_ms"] is None
+    only = one["workloads"]["softmax"]
+    assert only["results"][0]["first_pass_median_ms"] is None
+    assert report.latency_points(only, only["results"][0]) == sorted(
+        zip(only["sizes"][1:], only["results"][0]["request_ms"][1:])
+    )
     assert "1st pass" not in report.markdown(one)
 
 
