@@ -193,6 +193,37 @@ def test_compile_time_runs_cold_then_warm_and_checks_the_result(tmp_path, capsys
     assert any((tmp_path / "cache").iterdir())
 
 
+def test_compile_time_runs_each_kind_in_new_processes_and_reports_the_spread(capsys):
+    """``--runs N``: cold on an empty cache, warm, then cold with the compiled model
+    removed and the machine's objects kept, each in a new process; one line per kind
+    with the median, least and most, then the stages' medians."""
+    from benchmarks import compile_time
+
+    compile_time.main(["--workload", "bert", "--quick", "--runs", "1"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 6, lines
+    for (line, stages), kind in zip(zip(lines[::2], lines[1::2]), compile_time.KINDS):
+        assert line.startswith(f"bert {kind}: optimize + first call median "), line
+        assert "1 processes" in line, line
+        assert float(line.split("max err ")[1].rstrip(")")) < 1e-4, line
+        median = float(line.split("median ")[1].split(" s")[0])
+        least = float(line.split("least ")[1].split(",")[0])
+        assert median == least > 0, line  # (one run: its median is its least)
+        restored = kind == "warm"
+        assert ("model cache restore" in stages) == restored, stages
+        assert ("C++ build" in stages) != restored, stages
+
+
+@pytest.mark.parametrize("argv", [["--runs", "0"], ["--runs", "2", "--cache", "/tmp/x"]])
+def test_compile_time_refuses_runs_it_cannot_make(argv, capsys):
+    from benchmarks import compile_time
+
+    with pytest.raises(SystemExit) as e:
+        compile_time.main(argv)
+    assert e.value.code == 2
+    assert "--runs takes N >= 1 and no --cache" in capsys.readouterr().err
+
+
 def test_gemm_routes_chains_distinct_weights_over_twice_the_l3(monkeypatch, capsys):
     """``--chain``: as many distinct layers of each shape as are over twice the L3 (here
     a 4 KB one: 7 of 16 x 24), timed on each route; one layer without it; at most 64."""

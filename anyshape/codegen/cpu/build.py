@@ -132,6 +132,7 @@ def linker_flags() -> list[str]:
 
 # What a unit with oneDNN call sites holds (dnnl.h): it then links the glue object.
 GLUE_MARK = "#define AS_GLUE_ENTRY"
+GLUE_NAME = "dnnl-glue"  # the object's name in the cache folder: <name>-<key>.o
 _glue_lock = threading.Lock()  # one build of the glue object at a time in a process
 _glue_started: set[tuple] = set()  # the (flags, cache, compiler) warm-ups started for
 _started_lock = threading.Lock()
@@ -154,7 +155,7 @@ def dnnl_glue_object(flags: list[str], options: Options) -> Path:
     among them) into the cache: the units of a library declare what they call of it.
     A build under way (``start_glue_object``'s) is waited for, not repeated."""
     with _glue_lock:
-        return build_cached(_glue_source(), "dnnl-glue", flags, options=options, compile_only=True)
+        return build_cached(_glue_source(), GLUE_NAME, flags, options=options, compile_only=True)
 
 
 @functools.cache
