@@ -112,6 +112,14 @@ class Options:
             "scores never in memory; off: three kernels"
         },
     )
+    dynamo_weights: bool = field(
+        default=True,
+        metadata={
+            "help": "torch.compile: a graph compiled with gradients off reads its module's "
+            "parameters as the model's weights (packed once and watched, as optimize does), "
+            "checked to be the same tensors on each call; off: read as inputs every call"
+        },
+    )
     small_gemm: str = field(
         default="onednn",
         metadata={

@@ -7,6 +7,8 @@ over FX graphs with symbolic sizes; AOTAutograd decomposes them to core ATen
 are needed AOTAutograd partitions the joint graph: the forward returns what the
 backward reads (saved activations, sizes), and the backward graph is compiled
 the same way, with the same symbolic sizes (``stats()["backward_compilations"]``).
+A graph without gradients goes to AOTAutograd's inference compiler, which compiles
+the module's parameters in as the model's weights (``dynamo_weights.py``).
 
 Sizes 0 and 1: Dynamo specializes them (a graph traced at batch 4 guards
 ``batch != 1``), so a stream that later sends batch 1 gets a second graph from
@@ -20,6 +22,8 @@ alone. ``anyshape.optimize`` captures once for every size, 0 and 1 included.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -28,6 +32,7 @@ from ..codegen.registry import backend_named
 from ..config import Options
 from ..stats import bump
 from .compile import compile_graph
+from .dynamo_weights import frozen_candidates
 
 
 def _symbol_ranges(example_inputs) -> dict[str, tuple[int, int | None]]:
@@ -58,6 +63,50 @@ def _make_forward_compiler(options: Options):
         return make_boxed_func(gm.forward)
 
     return fw_compiler
+
+
+def _make_inference_compiler(options: Options, weights: dict):
+    """AOTAutograd's compiler for a graph without gradients: the forward compiler, with
+    ``weights`` (Dynamo's parameter inputs, ``dynamo_weights.frozen_candidates``) compiled
+    in as constants where they line up with the graph's inputs."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from .dynamo_weights import FrozenCall, aligned, freeze
+    from .weights_watch import WeightsWatch
+
+    forward = _make_forward_compiler(options)
+
+    def inference_compiler(gm: torch.fx.GraphModule, example_inputs):
+        frozen = aligned(weights, example_inputs)
+        if not frozen:
+            return forward(gm, example_inputs)
+        pristine = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # (compiled in place)
+        ranges = _symbol_ranges(example_inputs)
+        rest = [e for k, e in enumerate(example_inputs) if k not in frozen]
+        with unset_fake_temporarily():  # (the parameters are real tensors)
+            constant = freeze(gm, frozen)
+        compiled, report = compile_forward(constant, rest, options)
+        watch = WeightsWatch.attach(compiled, report.clusters, compiled)
+        if watch is not None and len(watch.tensors) < len(_packed_names(report)):
+            return forward(pristine, example_inputs)  # (a packed weight it cannot watch)
+
+        def unfrozen():
+            with unset_fake_temporarily():
+                general, _ = compile_graph(pristine, ranges, options, with_prologue=False)
+            return make_boxed_func(general.forward)
+
+        return FrozenCall(make_boxed_func(compiled.forward), frozen, watch, unfrozen)
+
+    return inference_compiler
+
+
+def _packed_names(report) -> set[str]:
+    names: set[str] = set()
+    for cluster in report.clusters:
+        native = getattr(cluster.compiled, "native", None)
+        names.update(getattr(native, "packed_params", None) or ())
+        names.update(getattr(native, "copied_params", None) or ())
+    return names
 
 
 def compile_backward(gm: torch.fx.GraphModule, example_inputs, options: Options):
@@ -123,9 +172,11 @@ def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     """Compile a Dynamo graph with anyshape; ``options`` as for ``anyshape.optimize``."""
     opts = Options.from_env(**(options or {}))
     backend_named(opts.backend).warm_up(opts)  # (one-time library work, on a free core)
+    weights = frozen_candidates(example_inputs) if opts.dynamo_weights else {}
     inner = aot_autograd(
         fw_compiler=_make_forward_compiler(opts),
         bw_compiler=_make_backward_compiler(opts),
+        inference_compiler=_make_inference_compiler(opts, weights),
         decompositions=decomposition_table(),
         partition_fn=partition_fn(opts),
     )

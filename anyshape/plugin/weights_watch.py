@@ -8,7 +8,7 @@ optimizer step, ``weight.mul_(2)``) must reach those packed copies. torch bumps
 a tensor's version counter on every in-place change; ``WeightsWatch`` compares
 the versions of the packed weights on each call (a few microseconds for
 ResNet-50's 17) and tells the libraries when one moved. A weight nobody watches
-(one the model does not name, a model compiled through ``torch.compile``) is
+(one the model does not name, a ``torch.compile`` graph with gradients on) is
 packed on every call instead. A weight that is not contiguous (a transposed view
 held as a parameter) is a contiguous copy in the library: it is watched too, and
 copied again when it changes.
