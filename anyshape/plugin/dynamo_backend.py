@@ -65,7 +65,7 @@ def _make_forward_compiler(options: Options):
     return fw_compiler
 
 
-def _make_inference_compiler(options: Options, weights: dict):
+def _make_inference_compiler(options: Options, weights: dict, dynamo_inputs: int):
     """AOTAutograd's compiler for a graph without gradients: the forward compiler, with
     ``weights`` (Dynamo's parameter inputs, ``dynamo_weights.frozen_candidates``) compiled
     in as constants where they line up with the graph's inputs."""
@@ -77,7 +77,7 @@ def _make_inference_compiler(options: Options, weights: dict):
     forward = _make_forward_compiler(options)
 
     def inference_compiler(gm: torch.fx.GraphModule, example_inputs):
-        frozen = aligned(weights, example_inputs)
+        frozen = aligned(weights, example_inputs, dynamo_inputs)
         if not frozen:
             return forward(gm, example_inputs)
         pristine = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # (compiled in place)
@@ -176,7 +176,7 @@ def anyshape_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | N
     inner = aot_autograd(
         fw_compiler=_make_forward_compiler(opts),
         bw_compiler=_make_backward_compiler(opts),
-        inference_compiler=_make_inference_compiler(opts, weights),
+        inference_compiler=_make_inference_compiler(opts, weights, len(example_inputs)),
         decompositions=decomposition_table(),
         partition_fn=partition_fn(opts),
     )

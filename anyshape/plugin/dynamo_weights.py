@@ -46,11 +46,11 @@ def frozen_candidates(example_inputs) -> dict[int, torch.Tensor]:
     }
 
 
-def aligned(weights: dict[int, torch.Tensor], example_inputs) -> dict[int, torch.Tensor]:
+def aligned(weights: dict[int, torch.Tensor], example_inputs, dynamo_inputs: int) -> dict:
     """``weights`` where AOTAutograd's graph takes them at the same positions as Dynamo's
-    (it does for an inference graph whose inputs have no duplicates) and does not write
-    them; empty when the two disagree anywhere."""
-    if not weights or len(example_inputs) < max(weights) + 1:
+    graph (``dynamo_inputs`` of them: AOTAutograd keeps their order unless it removes a
+    duplicate or adds an input) and does not write them; empty when they disagree."""
+    if not weights or len(example_inputs) != dynamo_inputs:
         return {}
     meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
     info = getattr(meta, "input_info", None)
