@@ -92,6 +92,7 @@ class FrozenCall:
         self._run = run
         self._weights = [(i, t, t.data_ptr()) for i, t in sorted(weights.items())]
         self._drop = frozenset(weights)
+        self._keep: list[int] | None = None  # the other arguments' indices
         self._watch = watch
         self._unfrozen = unfrozen
         self._general = None
@@ -99,11 +100,15 @@ class FrozenCall:
         self._boxed_call = True  # (AOTAutograd's convention: one list argument)
 
     def __call__(self, args: list):
-        if all(args[i] is t and t.data_ptr() == p for i, t, p in self._weights):
-            if self._watch is not None:
-                self._watch()
-            return self._run([a for k, a in enumerate(args) if k not in self._drop])
-        return self.general()(args)
+        for i, t, p in self._weights:
+            if args[i] is not t or t.data_ptr() != p:
+                return self.general()(args)
+        if self._watch is not None:
+            self._watch()
+        keep = self._keep
+        if keep is None:  # (every call passes as many arguments)
+            keep = self._keep = [k for k in range(len(args)) if k not in self._drop]
+        return self._run([args[k] for k in keep])
 
     def general(self):
         """The graph compiled with the parameters as inputs (another instance's, or a
