@@ -1,4 +1,5 @@
-"""Compared backends: eager, two torch.compile modes, ONNX Runtime, OpenVINO and anyshape.
+"""Compared backends: eager, two Inductor modes, ONNX Runtime, OpenVINO and anyshape
+(``optimize``, and as ``torch.compile``'s backend).
 
 The ONNX mode (``anyshape bench --onnx``) runs one exported file per model
 through ONNX Runtime, OpenVINO (``openvino_onnx``) and anyshape's ONNX frontend
@@ -223,6 +224,13 @@ def _anyshape(target: str) -> Callable[[torch.nn.Module, dict], Run]:
     return prepare
 
 
+def _anyshape_compile(model, example) -> Run:
+    """anyshape as Dynamo's backend: compiled on the first call, each graph once (Dynamo
+    itself hands a batch of 1 over as a second graph)."""
+    compiled = torch.compile(model, backend="anyshape", dynamic=True)
+    return lambda inputs: compiled(**inputs)
+
+
 def backends(anyshape_backend: str = "cpu") -> dict[str, Backend]:
     """Every backend by name; ``anyshape_backend`` picks anyshape's execution engine."""
     return {
@@ -257,6 +265,12 @@ def backends(anyshape_backend: str = "cpu") -> dict[str, Backend]:
                 "anyshape",
                 f"anyshape.optimize(backend={anyshape_backend!r})",
                 _anyshape(anyshape_backend),
+                _anyshape_compilations,
+            ),
+            Backend(
+                "anyshape_compile",
+                'torch.compile(backend="anyshape", dynamic=True)',
+                _anyshape_compile,
                 _anyshape_compilations,
             ),
             Backend(

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from anyshape import cli
 
@@ -70,6 +71,23 @@ def _quick(runner, workload: str, backends: list[str], requests: int, **extra):
         progress=False,
         **extra,
     )
+
+
+def test_anyshape_as_torch_compile_backend_serves_a_stream_with_one_compilation():
+    """``anyshape_compile``: torch.compile(backend="anyshape"); its compilations are
+    anyshape's (Dynamo's graph plus none for the stream's new sizes above 1)."""
+    _, _, runner, _ = cli._import_benchmarks()
+    torch._dynamo.reset()
+    settings = _quick(
+        runner, "layernorm", ["eager", "anyshape_compile"], 4, ranges={"rows": [(5, 40)]}
+    )
+    results = runner.run(settings)
+    (eager, compiled) = results["workloads"]["layernorm"]["results"]
+    assert compiled["backend"] == "anyshape_compile" and compiled["error"] is None
+    assert compiled["requests_done"] == 4
+    assert compiled["graphs_first_call"] == 1 and compiled["recompiles"] == 0
+    assert compiled["max_abs_err"] < 1e-3
+    assert compiled["median_ms"] > 0 and eager["median_ms"] > 0
 
 
 def test_a_failing_backend_is_reported_not_raised(monkeypatch):
