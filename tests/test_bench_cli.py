@@ -284,6 +284,24 @@ def test_onnx_mode_runs_one_exported_file_through_three_backends(monkeypatch):
     assert by_name["anyshape_onnx"]["recompiles"] == 0
 
 
+def test_default_backends_leave_out_the_opt_in_ones(monkeypatch, tmp_path):
+    """Without --backends every backend runs but the ONNX mode's two and anyshape
+    through torch.compile, which run when named."""
+    _, _, runner, _ = cli._import_benchmarks()
+    seen = {}
+
+    def record(settings, command):
+        seen["backends"] = settings.backends
+        raise SystemExit(0)
+
+    monkeypatch.setattr(runner, "run", record)
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--quick", "--workloads", "layernorm", "--out", str(tmp_path)])
+    assert seen["backends"][0] == "eager" and "anyshape" in seen["backends"]
+    assert not set(cli.OPT_IN_BACKENDS) & set(seen["backends"]), seen["backends"]
+    assert "anyshape_compile" in cli.OPT_IN_BACKENDS
+
+
 def test_onnx_mode_flag_picks_the_onnx_backends(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "--onnx", "--backends", "eager"])
