@@ -22,8 +22,6 @@ alone. ``anyshape.optimize`` captures once for every size, 0 and 1 included.
 
 from __future__ import annotations
 
-import copy
-
 import torch
 from torch._dynamo.backends.common import aot_autograd
 from torch._functorch.aot_autograd import make_boxed_func
@@ -80,33 +78,23 @@ def _make_inference_compiler(options: Options, weights: dict, dynamo_inputs: int
         frozen = aligned(weights, example_inputs, dynamo_inputs)
         if not frozen:
             return forward(gm, example_inputs)
-        pristine = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))  # (compiled in place)
         ranges = _symbol_ranges(example_inputs)
         rest = [e for k, e in enumerate(example_inputs) if k not in frozen]
         with unset_fake_temporarily():  # (the parameters are real tensors)
-            constant = freeze(gm, frozen)
+            constant = freeze(gm, frozen)  # (a copy: ``gm`` stays for the general compile)
         compiled, report = compile_forward(constant, rest, options)
         watch = WeightsWatch.attach(compiled, report.clusters, compiled)
-        if watch is not None and len(watch.tensors) < len(_packed_names(report)):
-            return forward(pristine, example_inputs)  # (a packed weight it cannot watch)
+        if watch is not None and watch.unresolved:
+            return forward(gm, example_inputs)  # (a packed weight it cannot watch)
 
         def unfrozen():
             with unset_fake_temporarily():
-                general, _ = compile_graph(pristine, ranges, options, with_prologue=False)
+                general, _ = compile_graph(gm, ranges, options, with_prologue=False)
             return make_boxed_func(general.forward)
 
         return FrozenCall(make_boxed_func(compiled.forward), frozen, watch, unfrozen)
 
     return inference_compiler
-
-
-def _packed_names(report) -> set[str]:
-    names: set[str] = set()
-    for cluster in report.clusters:
-        native = getattr(cluster.compiled, "native", None)
-        names.update(getattr(native, "packed_params", None) or ())
-        names.update(getattr(native, "copied_params", None) or ())
-    return names
 
 
 def compile_backward(gm: torch.fx.GraphModule, example_inputs, options: Options):

@@ -22,9 +22,10 @@ import torch
 
 
 class WeightsWatch:
-    def __init__(self, tensors: list[torch.Tensor], libraries: list):
+    def __init__(self, tensors: list[torch.Tensor], libraries: list, unresolved: int = 0):
         self.tensors = tensors
         self.libraries = libraries
+        self.unresolved = unresolved  # packed weights neither model nor graph names
         self.versions = self._versions()
         for lib in libraries:
             lib.watch_weights()
@@ -50,6 +51,7 @@ class WeightsWatch:
         captured), the captured tensor itself, so it is watched there."""
         tensors: dict[int, torch.Tensor] = {}
         libraries = []
+        unresolved = 0
         for cluster in clusters:
             native = getattr(cluster.compiled, "native", None)
             names = [
@@ -64,8 +66,10 @@ class WeightsWatch:
                     t = resolve_tensor(graph, name)
                 if t is not None:
                     tensors[id(t)] = t
+                else:
+                    unresolved += 1
             libraries.append(native)
-        return cls(list(tensors.values()), libraries) if libraries else None
+        return cls(list(tensors.values()), libraries, unresolved) if libraries else None
 
 
 def packs_repacked(clusters) -> None:
