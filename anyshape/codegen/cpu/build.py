@@ -206,8 +206,8 @@ def start_glue_object(options: Options) -> threading.Thread | None:
 # Measured with two units against one (AVX-512 Zen 5, counting the helpers below): one
 # BertLayer, 22 k characters, 0.60 -> 0.33 s; BERT-base and ResNet-50, 48 k, 1.05 -> 0.58 s
 # and 0.96 -> 0.56 s; T5-small, 80 k, 1.67 -> 0.90 s; a lone softmax kernel and the host
-# function, 7 k, 0.27 -> 0.22 s. (The host function: BERT-base's 105 k characters, built
-# at -O0, about a tenth the work per character, 0.19 s.)
+# function, 7 k, 0.27 -> 0.22 s. (The host function is built at -O0, about a tenth the
+# work per character; with its call sites in tables, BERT-base's is 20 k characters.)
 UNIT_CHARS = 2_000
 HOST_WORK = 0.1  # compile work per character of the host function, against a kernel's
 # Runtime helpers a kernel may call, with the work a unit pays once to compile each, in
