@@ -213,15 +213,8 @@ def _host_function(graph, sched, buffer_of, kernels: list[Kernel], names, extra_
     _check_buffers(sched, buffer_of, kernels, returned)
     plan = sched.memory
     body += _workspace(plan)
-    body += _buffers(sched, buffer_of, input_index, param_index)
-    owned = []  # returned buffers: malloc'd here, freed by the caller
-    for n in sched.materialized:
-        b = buffer_of[id(n)]
-        if id(n) not in sched.aliases and n.op not in ("input", "param") and b not in plan.slot_of:
-            size = c_int(SymExpr.const(0) + n.type.numel)
-            body.append(f"B[{b}] = as_out_alloc({size} * {n.dtype.itemsize});")
-            owned.append(b)
-    body += _aliases(sched, buffer_of)
+    lines, owned = _buffers(sched, buffer_of, input_index, param_index)
+    body += lines
     free_all = " ".join(f"anyshape_free(B[{b}]);" for b in owned)
     if owned:
         checks = " || ".join(f"!B[{b}]" for b in owned)
@@ -251,57 +244,55 @@ def _table(ctype: str, name: str, rows: list[str]) -> str:
     return f"static const {ctype} {name}[] = {{{', '.join(rows) or '0'}}};"
 
 
-def _buffers(sched: Schedule, buffer_of: dict[int, int], input_index, param_index) -> list[str]:
-    """``B[b]``, the address of every buffer, from tables: an input or a weight where the
-    caller passed it (an empty one at a zero block, so no kernel reads null), a workspace
-    buffer at its slot. Tables and loops rather than a line per buffer: the host function
-    is compiled at -O0, where each line of straight-line code still costs build time
-    (``_site_calls``)."""
+def _buffers(
+    sched: Schedule, buffer_of: dict[int, int], input_index, param_index
+) -> tuple[list[str], list[int]]:
+    """``B[b]``, the address of every buffer, and the buffers allocated here (returned
+    outputs, malloc'd, freed by the caller). Inputs, weights (an empty one at a zero
+    block, so no kernel reads null), workspace slots and reshape aliases (in graph order:
+    a source comes first) come from tables: the host function is compiled at -O0, where
+    each line of straight-line code still costs build time (``_site_calls``)."""
     plan = sched.memory
-    sources = {"input": [], "param": []}
-    slots = []
+    tables: dict[str, list[str]] = {"input": [], "param": [], "slot": [], "alias": []}
+    allocs, owned = [], []
     for n in sched.materialized:
         b = buffer_of[id(n)]
         if id(n) in sched.aliases:
-            continue
-        if n.op == "input":
-            sources["input"].append(f"{b}, {input_index[id(n)]}")
+            tables["alias"].append(f"{b}, {buffer_of[id(sched.aliases[id(n)])]}")
+        elif n.op == "input":
+            tables["input"].append(f"{b}, {input_index[id(n)]}")
         elif n.op == "param":
-            sources["param"].append(f"{b}, {param_index[id(n)]}")
+            tables["param"].append(f"{b}, {param_index[id(n)]}")
         elif b in plan.slot_of:
-            slots.append(f"{b}, {plan.slot_of[b]}")
+            tables["slot"].append(f"{b}, {plan.slot_of[b]}")
+        else:
+            size = c_int(SymExpr.const(0) + n.type.numel)
+            allocs.append(f"B[{b}] = as_out_alloc({size} * {n.dtype.itemsize});")
+            owned.append(b)
+    # What each table's pair (b, x) sets B[b] to.
+    values = {
+        "input": "in[t[k + 1]].data ? in[t[k + 1]].data : (void*)as_zero_block",
+        "param": "prm[t[k + 1]].data ? prm[t[k + 1]].data : (void*)as_zero_block",
+        "slot": "ws + ws_offset[t[k + 1]]",
+        "alias": "B[t[k + 1]]",
+    }
     lines = [f"void* B[{max(len(sched.materialized), 1)}] = {{nullptr}};"]
-    for kind, array in (("input", "in"), ("param", "prm")):
-        if sources[kind]:
-            table = f"as_{kind}_buffers"
-            lines += [
-                _table("int32_t", table, sources[kind]),
-                f"for (int k = 0; k < {2 * len(sources[kind])}; k += 2) {{ const AsTensor& t = "
-                f"{array}[{table}[k + 1]]; B[{table}[k]] = t.data ? t.data : "
-                "(void*)as_zero_block; }",
-            ]
-    if slots:
-        lines += [
-            _table("int32_t", "as_slot_buffers", slots),
-            f"for (int k = 0; k < {2 * len(slots)}; k += 2) B[as_slot_buffers[k]] = "
-            "ws + ws_offset[as_slot_buffers[k + 1]];",
-        ]
-    return lines
+    for kind in ("input", "param", "slot"):
+        lines += _pairs_loop(kind, tables[kind], values[kind])
+    lines += allocs
+    return lines + _pairs_loop("alias", tables["alias"], values["alias"]), owned
 
 
-def _aliases(sched: Schedule, buffer_of: dict[int, int]) -> list[str]:
-    """A reshape alias shares its source's buffer (in graph order: a source comes first)."""
-    pairs = [
-        f"{buffer_of[id(n)]}, {buffer_of[id(sched.aliases[id(n)])]}"
-        for n in sched.materialized
-        if id(n) in sched.aliases
-    ]
+def _pairs_loop(kind: str, pairs: list[str], value: str) -> list[str]:
+    """A table of (buffer, source) pairs and the loop setting ``B[buffer]`` to ``value``
+    (over ``t[k + 1]``, the source) for each."""
     if not pairs:
         return []
+    table = f"as_{kind}_buffers"
     return [
-        _table("int32_t", "as_alias_buffers", pairs) + "  // reshape aliases",
-        f"for (int k = 0; k < {2 * len(pairs)}; k += 2) B[as_alias_buffers[k]] = "
-        "B[as_alias_buffers[k + 1]];",
+        _table("int32_t", table, pairs),
+        f"{{ const int32_t* t = {table}; for (int k = 0; k < {2 * len(pairs)}; k += 2) "
+        f"B[t[k]] = {value}; }}",
     ]
 
 
