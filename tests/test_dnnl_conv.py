@@ -125,6 +125,7 @@ def test_the_watch_is_what_keeps_packed_weights_current():
     try:
         with torch.no_grad():
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            opt(x)  # (the weights' first use packed them per call, the second once)
             model.b.weight.mul_(3.0)
             assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
             del watch  # its owner gone, the weights are unregistered: packed per call
@@ -211,6 +212,8 @@ def test_a_1x1_convolution_takes_the_matmul_where_it_pays(cin, cout):
     avx512 = bool(_lib(opt).dnnl_get_effective_cpu_isa() & 0x20)
     wide = cout > 3 * cin and _panels(cin, cout) == 1
     with torch.no_grad():
+        for h, w in [(1, 1), (8, 8)]:  # each route's first use of the weight: BLAS, no copy
+            opt(torch.randn(2, cin, h, w))
         for (h, w), on_few, on_avx512, on_avx2 in [
             ((1, 1), 1, 0, 0),  # 2 rows
             ((4, 4), 1, 0, 0),  # 32 rows

@@ -54,6 +54,16 @@ def _few(opt) -> int:
     return fn()
 
 
+def _first_uses(opt, k: int, *rows: int) -> None:
+    """``opt`` called once at each row count (default 1 and 64): a watched weight's first
+    use in a layout (the few-rows kernel's panels up to 32 rows, the matmul's above) reads
+    it as the model holds it (BLAS), and its second use packs it (``as_packed_weights``),
+    so a count of the routes' GEMMs starts after these."""
+    with torch.no_grad():
+        for r in rows or (1, 64):
+            opt(torch.randn(1, r, k))
+
+
 class Mlp(torch.nn.Module):
     """Both weight layouts: ``nn.Linear`` holds [out, in]; ``x @ w`` reads [in, out]."""
 
@@ -106,6 +116,7 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
     model = torch.nn.Linear(k, n).eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, k),), backend="cpu")
     wide = n > 3 * k and _panels(k, n) == 1
+    _first_uses(opt, k)
     rows_on = [(1, 1, 0, 0), (3, 1, 0, 0), (8, 1, 0, 0), (32, 1, 0, 0)]
     rows_on += [(33, 0, 1, 1), (511, 0, 1, 1), (512, 0, 1, 1), (1100, 0, 1, 1)]
     with torch.no_grad():
@@ -121,8 +132,9 @@ def test_auto_routes_each_call_by_its_row_count_and_the_isa(k, n):
 def test_a_restored_model_packs_no_weight_before_a_call_needs_it(tmp_path):
     """The model cache checks a restored model against eager before its weights are
     watched, as a cold capture is checked: that call, at the example's 10 rows, reads
-    the weights as the model holds them (BLAS) and leaves the few-rows kernel's copy,
-    and the memory it takes, to the first call of the user's that needs it."""
+    the weights as the model holds them (BLAS), as the user's first call does (a
+    weight's first use in a layout), and leaves the few-rows kernel's copy, and the
+    memory it takes, to the second call that needs it."""
     x = torch.randn(2, 5, 37)
     first = anyshape.optimize(Mlp().eval(), (x,), backend="cpu", cache_dir=str(tmp_path))
     model = Mlp().eval()  # other weights: none of them watched or packed yet
@@ -133,7 +145,31 @@ def test_a_restored_model_packs_no_weight_before_a_call_needs_it(tmp_path):
     assert _few(opt) == few  # (one library serves both models: its counter is shared)
     with torch.no_grad():
         _close(opt(x), model(x))
+        assert _few(opt) == few
+        _close(opt(x), model(x))
     assert _few(opt) - few == 3  # every GEMM of the call, on the copies made for it
+
+
+def test_a_weight_is_copied_on_its_second_use_in_a_layout():
+    """A watched weight's first use in a layout runs on the weight as the model holds it
+    (BLAS), with no copy made; its second use packs it. Each route counts its own uses:
+    the few-rows kernel's panels (up to 32 rows) and the matmul's (above). A copy made
+    follows in-place changes at once: the next use packs again."""
+    torch.manual_seed(13)
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    # rows, then GEMMs on the few-rows kernel's copies and on the matmul (3 weights; the
+    # matmul reads ``w``, [k, n] as the model holds it, in place: nothing to defer)
+    steps = [(5, 0, 0), (7, 3, 0), (40, 0, 1), (1, 3, 0), (50, 0, 3), (64, 0, 3)]
+    with torch.no_grad():
+        for step, (rows, few, matmul) in enumerate([*steps, (6, 3, 0), (33, 0, 3)]):
+            if step == len(steps):
+                model.up.weight.mul_(-1.0)
+                model.w.mul_(2.0)
+            x = torch.randn(1, rows, 37)
+            before, few_before = _runs(opt), _few(opt)
+            _close(opt(x), model(x))
+            assert (_few(opt) - few_before, _runs(opt) - before) == (few, matmul), rows
 
 
 def test_a_restored_model_is_checked_on_weights_packed_again(tmp_path):
@@ -178,6 +214,7 @@ def test_the_few_rows_kernel_matches_eager_at_every_row_count(transposed):
     for k, n in [(1, 5), (37, 53), (130, 100)]:
         model = _OneWeight(k, n, transposed).eval()
         opt = anyshape.optimize(model, (torch.randn(2, 3, k),), backend="cpu")
+        _first_uses(opt, k, 2)
         with torch.no_grad():
             for rows in [*range(1, 34), 0]:
                 x = torch.randn(1, rows, k)
@@ -226,6 +263,7 @@ def test_a_vocabulary_head_takes_the_matmul_on_every_isa():
     head = torch.nn.Linear(k, n, bias=False).eval()
     opt = anyshape.optimize(head, (torch.randn(2, 3, k),), backend="cpu")
     rows_on = [(1, 0, 0), (32, 0, 0), (33, 1, 1), (511, 1, 1), (512, 1, 1)]
+    _first_uses(opt, k, 1, 40)
     with torch.no_grad():
         for rows, avx512, avx2 in rows_on:
             x = torch.randn(1, rows, k)
@@ -280,8 +318,9 @@ for k, n, rows, want in [
     layer = torch.nn.Linear(k, n).eval()
     auto = anyshape.optimize(layer, (torch.randn(3, k),))
     x = torch.randn(rows, k)
-    before = _runs(auto)
     with torch.no_grad():
+        auto(torch.randn(rows + 1, k))  # (the weight's first use: BLAS, no copy yet)
+        before = _runs(auto)
         torch.testing.assert_close(auto(x), layer(x), rtol=1e-4, atol=1e-4)
     assert _runs(auto) - before == want, (k, n, rows)
 print("panels ok")
@@ -340,6 +379,7 @@ def test_the_watch_is_what_keeps_packed_weights_current():
     try:
         with torch.no_grad():
             _close(opt(x), model(x))
+            _close(opt(x), model(x))  # (the weights' second use: packed)
             model.down.weight.mul_(3.0)
             assert not torch.allclose(opt(x), model(x), rtol=1e-4, atol=1e-4)  # stale copy
             del watch  # its owner gone, the weights are unregistered: BLAS reads them live
@@ -443,6 +483,7 @@ def test_a_constant_weight_does_not_switch_the_watch_off():
     assert opt._weights_watch is not None
     assert len(opt.report.clusters[0].compiled.native.packed_params) == 4
     x = torch.randn(3, 12, 37)  # (36 rows: the matmul, above the few-rows kernel's 32)
+    _first_uses(opt, 37, 2, 40)
     with torch.no_grad():
         before = _runs(opt)
         _close(opt(x), model(x))

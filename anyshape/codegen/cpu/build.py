@@ -72,6 +72,7 @@ def small_gemm_flags(small_gemm: str = "onednn") -> list[str]:
             return [
                 DNNL_DEFINE,
                 f"-DAS_L3_BYTES={l3_cache_bytes()}",
+                f"-DAS_L2_BYTES={l2_cache_bytes()}",
                 f"-L{lib}",
                 f"-Wl,-rpath,{lib}",
                 "-l:libdnnl.so.3",
@@ -81,12 +82,22 @@ def small_gemm_flags(small_gemm: str = "onednn") -> list[str]:
 
 def l3_cache_bytes() -> int:
     """The last-level cache as sysfs states it (a VM's cpuid may claim the host's); 8 MB if unknown."""
+    return _sysfs_cache_bytes(3, 8 << 20)
+
+
+def l2_cache_bytes() -> int:
+    """A core's L2 cache as sysfs states it; 1 MB if unknown."""
+    return _sysfs_cache_bytes(2, 1 << 20)
+
+
+def _sysfs_cache_bytes(index: int, unknown: int) -> int:
+    """The size of cpu0's cache ``index`` (sysfs: ``2048K``), or ``unknown``."""
     try:
-        text = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        text = Path(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read_text().strip()
         units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
     except (OSError, ValueError, IndexError):
-        return 8 << 20
+        return unknown
 
 
 def build_library(

@@ -180,7 +180,10 @@ static AsConvShape* as_conv_acquire(AsConvSite* s, int64_t h, int64_t w, const f
   }
   if (hit) {
     dnnl_memory_desc_t plain_md = as_conv_plain_weights(s);
-    *packed = plain_md ? as_packed_weights(&s->weights, weights, plain_md, hit->weights) : nullptr;
+    bool first_use = false;  // (packed into this call's scratch: as a weight nobody watches)
+    *packed = plain_md ? as_packed_weights(&s->weights, weights, plain_md, hit->weights, 1, 0,
+                                           nullptr, &first_use)
+                       : nullptr;
     if (plain_md) dnnl_memory_desc_destroy(plain_md);
     if (*packed) {
       hit->users += 1;

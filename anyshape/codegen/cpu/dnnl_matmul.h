@@ -309,9 +309,10 @@ extern "C" int64_t anyshape_few_rows_runs() {
   return __atomic_load_n(&as_few_rows_runs, __ATOMIC_RELAXED);
 }
 
-// c[m, n] = a[m, k] @ w through as_few_rows_gemm, or false (a weight nobody watches, out of
-// memory): the caller's routes run.
-static bool as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, float* c,
+// c[m, n] = a[m, k] @ w through as_few_rows_gemm: 1; 0 where the caller's routes run (a
+// weight nobody watches, out of memory); -1 on the weight's first use here
+// (as_packed_weights' `deferred`): BLAS runs it on the weight as the model holds it.
+static int as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, float* c,
                                int64_t m) {
   pthread_mutex_lock(&s->weights.mu);
   as_cache_list(&s->weights);
@@ -322,17 +323,19 @@ static bool as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, 
       s->few = nullptr;
   }
   const float* packed = nullptr;
+  bool first_use = false;
   if (s->few) {
     const AsPacker pack = {[](const void* site, const float* plain, float* to) {
                              as_few_pack((const AsMatmulSite*)site, plain, to);
                            }, s};
-    packed = as_packed_weights(&s->weights, w, nullptr, s->few, 1, 0, &pack);
+    packed = as_packed_weights(&s->weights, w, nullptr, s->few, 1, 0, &pack, &first_use);
   }
   pthread_mutex_unlock(&s->weights.mu);
-  if (!packed || packed == w) return false;  // (nobody watches w: the routes below)
+  if (first_use) return -1;
+  if (!packed || packed == w) return 0;  // (nobody watches w: the routes below)
   as_few_rows_gemm(m, s->n, s->k, a, packed, c, s->n);
   __atomic_add_fetch(&as_few_rows_runs, 1, __ATOMIC_RELAXED);
-  return true;
+  return 1;
 }
 
 // c[m, n] = a[m, k] @ w, with w as the model holds it: up to AS_FEW_ROWS rows through
@@ -342,8 +345,10 @@ static bool as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, 
 // saves): the caller's GEMM runs instead.
 AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
-  if (m <= AS_FEW_ROWS && s->mode == AS_MATMUL_AUTO && as_few_rows_matmul(s, a, w, c, m))
-    return true;
+  if (m <= AS_FEW_ROWS && s->mode == AS_MATMUL_AUTO) {
+    const int few = as_few_rows_matmul(s, a, w, c, m);
+    if (few) return few > 0;  // (-1: BLAS, leaving the matmul's copy to its own first use)
+  }
   int64_t panels = __atomic_load_n(&s->panels, __ATOMIC_RELAXED);
   if (!panels) {  // (a function of the site's shape and the ISA: any thread's value is it)
     panels = as_matmul_panels(s->k, s->n);
@@ -364,11 +369,13 @@ AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* 
                                 const AsMatmulSite* t = (const AsMatmulSite*)site;
                                 as_pack_transposed(plain, t->n / t->panels, t->k, to, t->ld);
                               }, s};
+  bool first_use = false;  // (AS_MATMUL_ALWAYS packs on the first: every call on the matmul)
   const float* packed =
       s->broken     ? nullptr
       : s->in_place ? w
                     : as_packed_weights(&s->weights, w, s->plain, s->packed, panels, step,
-                                        s->transposes ? &transpose : nullptr);
+                                        s->transposes ? &transpose : nullptr,
+                                        s->mode == AS_MATMUL_ALWAYS ? nullptr : &first_use);
   pthread_mutex_unlock(&s->weights.mu);
   if (!packed || (packed == w && !s->in_place)) return false;
   const int64_t next = s->in_place ? step : as_packed_panel_floats(s->packed);

@@ -19,15 +19,24 @@ AS_SHARED float* as_copy_scratch(int64_t floats) {
 }
 
 #ifdef ANYSHAPE_DNNL
-// Each 8-row block reads all of B: more than one block only while B stays in half the
-// L3 cache (AS_L3_BYTES, from sysfs at build time). GPT-2's 154 MB output projection,
-// read from memory once per block, ran 2.8x slower. With AVX2 OpenBLAS catches up by 16
+// Each 8-row block reads all of B: more than one block only while B stays in a core's L2
+// cache (AS_L2_BYTES, from sysfs at build time). A model's weights stream from memory or
+// the L3, and from there each block pays the whole read again: distinct layers all reading
+// one input (`python -m benchmarks.gemm_routes --chain`, Intel Xeon, 2 MB L2, GFLOP/s
+// blocks / OpenBLAS) with AVX-512 at 32 rows 48-61 / 80-123 for BERT's and GPT-2's 768 x
+// 2304 to 3072 x 768 and 59-61 / 88-80 for T5's 512 x 2048, at 51-64 rows 58-82 / 103-168;
+// the 1 MB 512 x 512 at 16-51 rows 112-139 / 69-118, level at 64. (Judged on one weight
+// called again and again, which stays in cache, the bound was half the L3: on a 260 MB L3
+// every weight but a vocabulary head passed it.) With AVX2 OpenBLAS catches up by 16
 // rows and leads from 32 (181-225 GFLOP/s against 135-171 at 32-64 rows, BERT's and T5's
-// weights, `python -m benchmarks.gemm_routes`); with AVX-512 the blocks lead to 64 rows.
+// weights, `python -m benchmarks.gemm_routes`); with AVX-512 the blocks lead to 64 rows
+// on a weight in cache. Which weights take this route: those nobody watches (training,
+// `dynamo_weights=False`) and a watched weight's first use in a layout
+// (`as_packed_weights`), from 9 rows up.
 static inline bool as_small_sgemm_fits(int64_t m, int64_t n, int64_t k) {
   const int64_t most_rows = as_dnnl_avx512() ? 64 : 16;
   return m <= 8 ||
-         (m <= most_rows && n * k * (int64_t)sizeof(float) <= (int64_t)AS_L3_BYTES / 2);
+         (m <= most_rows && n * k * (int64_t)sizeof(float) <= (int64_t)AS_L2_BYTES);
 }
 static inline bool as_small_sgemm(CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
                                   const float* a, int64_t lda, const float* b, int64_t ldb,
