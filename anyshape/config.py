@@ -71,9 +71,9 @@ class Options:
             "choices": ("auto", "always", "off"),
             "switch": ("auto", "off"),  # what True and False (or 1 and 0) mean
             "help": "CPU: 2-D float32 GEMMs by a constant weight run on oneDNN's matmul with the "
-            "weight packed once: auto (for the row counts where it beats the BLAS path on the "
-            "ISA oneDNN runs, measured per ISA), always, off (BLAS); needs the onednn-cpu-gomp "
-            "package",
+            "weight packed once (on its second use; always: its first): auto (for the row counts "
+            "where it beats the BLAS path on the ISA oneDNN runs, measured per ISA), always, off "
+            "(BLAS); needs the onednn-cpu-gomp package",
         },
     )
     few_rows_gemm: bool = field(
@@ -81,8 +81,8 @@ class Options:
         metadata={
             "help": "CPU, with oneDNN's matmul (dnnl_matmul auto): GEMMs of up to 32 rows by a "
             "model weight run the runtime's own kernel on a packed copy of that weight (its size "
-            "again in memory, for each weight that meets so few rows); False: oneDNN's matmul or "
-            "BLAS, as for more rows"
+            "again in memory, for each weight that meets so few rows twice); False: oneDNN's "
+            "matmul or BLAS, as for more rows"
         },
     )
     dnnl_conv: str = field(
