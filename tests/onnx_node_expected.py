@@ -549,3 +549,15 @@ EXPECTED_FAILURES: dict[str, list[str]] = {
         "test_attention_4d_causal_fp16_expanded",
     ],
 }
+
+# Tests judged at a relative tolerance wider than their own. ONNX computes these tests'
+# expected outputs when the suite loads, with NumPy's float16 arithmetic, which moves with
+# NumPy's version and the loops it dispatches to: NumPy 2.4.6 on an Intel Xeon with
+# AVX512_SPR (float16 in hardware) put attention outputs 1-1.5 ulps from the float64 result,
+# where anyshape (each op in float32, rounded where the reference rounds) stayed within 1 ulp
+# (largest error 3.9e-4 and 3.0e-4 against the reference's 4.9e-4 and 5.1e-4): 2 ulps apart
+# at one element each, over the tests' rtol of 1e-3 (one float16 ulp). 2e-3 is two.
+WIDER_TOLERANCE: dict[str, float] = {
+    "test_attention_4d_causal_fp16": 2e-3,
+    "test_attention_4d_gqa_with_past_and_present_fp16": 2e-3,
+}

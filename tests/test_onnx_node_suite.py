@@ -11,11 +11,12 @@ unexpected pass fails too, so the table stays true.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
 import pytest
-from onnx_node_expected import EXPECTED_FAILURES
+from onnx_node_expected import EXPECTED_FAILURES, WIDER_TOLERANCE
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,12 +45,14 @@ def _seed():
 def test_the_table_names_only_tests_that_exist():
     assert len(CASES) > 1800 + 100
     assert len({c.name for c in CASES}) == len(CASES)
-    unknown = sorted(set(EXPECTED) - {c.name for c in CASES})
-    assert not unknown, f"EXPECTED_FAILURES names tests onnx does not have: {unknown}"
+    unknown = sorted((set(EXPECTED) | set(WIDER_TOLERANCE)) - {c.name for c in CASES})
+    assert not unknown, f"the tables name tests onnx does not have: {unknown}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_node(case):
+    if case.name in WIDER_TOLERANCE:  # (float16 references NumPy computes as the suite loads)
+        case = dataclasses.replace(case, rtol=WIDER_TOLERANCE[case.name])
     result = RUNNER.run_case(case)
     outcome, reason = result["outcome"], result["reason"]
     expected = EXPECTED.get(case.name)
