@@ -151,18 +151,21 @@ def test_a_restored_model_packs_no_weight_before_a_call_needs_it(tmp_path):
 
 
 def test_a_weight_is_copied_on_its_second_use_in_a_layout():
-    """A watched weight's first use in a layout runs on the weight as the model holds it
-    (BLAS), with no copy made; its second use packs it. Each route counts its own uses:
-    the few-rows kernel's panels (up to 32 rows) and the matmul's (above). A copy made
+    """A watched weight's first use in a layout runs as a weight nobody watches (BLAS, or
+    the matmul where it reads the weight in place), with no copy made; its second use
+    packs it. Each route counts its own uses: the few-rows kernel's panels (up to 32 rows)
+    and the matmul's (above). A change between the two uses is packed; a copy made
     follows in-place changes at once: the next use packs again."""
     torch.manual_seed(13)
     model = Mlp().eval()
     opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
     # rows, then GEMMs on the few-rows kernel's copies and on the matmul (3 weights; the
     # matmul reads ``w``, [k, n] as the model holds it, in place: nothing to defer)
-    steps = [(5, 0, 0), (7, 3, 0), (40, 0, 1), (1, 3, 0), (50, 0, 3), (64, 0, 3)]
+    steps = [(5, 0, 1), (7, 3, 0), (40, 0, 1), (1, 3, 0), (50, 0, 3), (64, 0, 3)]
     with torch.no_grad():
         for step, (rows, few, matmul) in enumerate([*steps, (6, 3, 0), (33, 0, 3)]):
+            if step == 1:
+                model.down.weight.mul_(0.5)  # (between the first use and the second)
             if step == len(steps):
                 model.up.weight.mul_(-1.0)
                 model.w.mul_(2.0)
@@ -170,6 +173,23 @@ def test_a_weight_is_copied_on_its_second_use_in_a_layout():
             before, few_before = _runs(opt), _few(opt)
             _close(opt(x), model(x))
             assert (_few(opt) - few_before, _runs(opt) - before) == (few, matmul), rows
+
+
+def test_a_model_freed_after_first_uses_leaves_the_library_serving_others():
+    """Weights unregistered between their first use and their second (the model freed)
+    drop entries that hold no copy yet; a second model of the same library, its own
+    weights, packs and runs as eager."""
+    torch.manual_seed(14)
+    gone = anyshape.optimize(Mlp().eval(), (torch.randn(2, 5, 37),), backend="cpu")
+    _first_uses(gone, 37)
+    del gone
+    gc.collect()
+    model = Mlp().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 5, 37),), backend="cpu")
+    with torch.no_grad():
+        for rows in (3, 3, 40, 40):
+            x = torch.randn(1, rows, 37)
+            _close(opt(x), model(x))
 
 
 def test_a_restored_model_is_checked_on_weights_packed_again(tmp_path):
@@ -181,7 +201,8 @@ def test_a_restored_model_is_checked_on_weights_packed_again(tmp_path):
     model = Mlp().eval()
     first = anyshape.optimize(model, (x,), backend="cpu", cache_dir=str(tmp_path))
     with torch.no_grad():
-        first(x)  # packs the few-rows copies
+        first(x)
+        first(x)  # packs the few-rows copies (the weights' second use)
         model.up.weight.mul_(2)
     anyshape.reset_stats()
     opt = anyshape.optimize(model, (x,), backend="cpu", cache_dir=str(tmp_path))

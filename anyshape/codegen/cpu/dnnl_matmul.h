@@ -345,9 +345,14 @@ static int as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, f
 // saves): the caller's GEMM runs instead.
 AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
+  // A first use of the few-rows kernel's copy (-1) goes on as a weight nobody watches: to the
+  // matmul where it reads the weight in place, else BLAS (leaving the matmul's copy to its own
+  // first use).
+  bool few_first_use = false;
   if (m <= AS_FEW_ROWS && s->mode == AS_MATMUL_AUTO) {
     const int few = as_few_rows_matmul(s, a, w, c, m);
-    if (few) return few > 0;  // (-1: BLAS, leaving the matmul's copy to its own first use)
+    if (few > 0) return true;
+    few_first_use = few < 0;
   }
   int64_t panels = __atomic_load_n(&s->panels, __ATOMIC_RELAXED);
   if (!panels) {  // (a function of the site's shape and the ISA: any thread's value is it)
@@ -371,8 +376,8 @@ AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* 
                               }, s};
   bool first_use = false;  // (AS_MATMUL_ALWAYS packs on the first: every call on the matmul)
   const float* packed =
-      s->broken     ? nullptr
-      : s->in_place ? w
+      s->broken || (few_first_use && !s->in_place) ? nullptr
+      : s->in_place                                ? w
                     : as_packed_weights(&s->weights, w, s->plain, s->packed, panels, step,
                                         s->transposes ? &transpose : nullptr,
                                         s->mode == AS_MATMUL_ALWAYS ? nullptr : &first_use);
