@@ -180,9 +180,9 @@ static AsConvShape* as_conv_acquire(AsConvSite* s, int64_t h, int64_t w, const f
   }
   if (hit) {
     dnnl_memory_desc_t plain_md = as_conv_plain_weights(s);
-    bool first_use = false;  // (packed into this call's scratch: as a weight nobody watches)
+    bool deferred = false;  // (unread: a first use packs into the call's scratch, below)
     *packed = plain_md ? as_packed_weights(&s->weights, weights, plain_md, hit->weights, 1, 0,
-                                           nullptr, &first_use)
+                                           nullptr, &deferred)
                        : nullptr;
     if (plain_md) dnnl_memory_desc_destroy(plain_md);
     if (*packed) {

@@ -209,8 +209,8 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
 // / 10.2-11.2, 48 rows 15.9 / 15.5 (hence AS_FEW_ROWS); with AVX-512, 8 rows 4.6 / 6.9,
 // 32 rows 10.2 / 11.4, 48 rows 14.6 / 13.9 (docs/architecture.md, "GEMM routes per ISA").
 // The copy is the weight's size again, made for the sites that meet a row count this
-// small; a weight nobody watches is not copied (as_packed_weights) and takes the routes
-// below.
+// small a second time; a weight nobody watches is not copied (as_packed_weights) and takes
+// the routes below, as a watched one does the first time.
 #define AS_FEW_ROWS 32
 #ifdef __AVX512F__
 #define AS_FEW_V 16
@@ -342,7 +342,8 @@ static int as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, f
 // as_few_rows_gemm (AS_MATMUL_AUTO), else oneDNN's matmul; false when oneDNN cannot run
 // it, the BLAS path is faster at m rows (unless AS_MATMUL_ALWAYS), or
 // w needs packing and nobody watches it (packing it on every call would cost more than it
-// saves): the caller's GEMM runs instead.
+// saves) or this is its first use in the layout (as_packed_weights' `deferred`): the
+// caller's GEMM runs instead.
 AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* w, float* c, int64_t m) {
   if (s->broken || !as_dnnl_engine()) return false;
   // A first use of the few-rows kernel's copy (-1) goes on as a weight nobody watches: to the
