@@ -17,10 +17,10 @@ source of every module class in the model, every module's plain attributes
 example inputs' structure, shapes and dtypes, the options (and the environment
 variables that steer code emission), the torch and anyshape versions, and a
 hash of anyshape's own source. An entry keeps the emitted CPU translation unit,
-so a restore skips emission. A restored model is checked against eager on the
-example before it is returned (and before its weights are watched, so that call
-packs no copy of them); any disagreement or defect drops the entry and
-compiles from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns
+so a restore skips emission. A restored model is checked against eager before it
+is returned (``restore_check.py``: on the example cut down, else as given; before
+its weights are watched, so that call packs no copy of them); any disagreement
+or defect drops the entry and compiles from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns
 it off.
 """
 
