@@ -421,7 +421,6 @@ def optimize(
     from .codegen.registry import backend_named
     from .plugin import model_cache
     from .plugin.pytree_types import register_model_types
-    from .plugin.restore_check import restored_agrees_with_eager
 
     register_model_types(model)  # (before the model cache: restored outputs may hold them)
     opts = Options.from_env(**options)
@@ -458,7 +457,7 @@ def optimize(
             # another module of this library packed are made again, in case they are
             # stale.)
             packs_repacked(report.clusters)
-            if restored_agrees_with_eager(model, module, direct, in_spec, args, kwargs):
+            if agrees_with_eager(model, module, args, kwargs):
                 module.watch_weights_of(model)
                 module.recompiles_on_guard_failure(model, dynamic_shapes, opts)
                 bump("compilations")

@@ -150,6 +150,62 @@ class Triple(torch.nn.Module):
         return x * 3
 
 
+def test_stale_entry_is_caught_by_the_eager_check(tmp_path, monkeypatch):
+    from anyshape import api
+    from anyshape.config import Options
+    from anyshape.plugin import model_cache
+
+    x = torch.randn(3, 4)
+    anyshape.optimize(Double(), (x,))
+    (entry,) = _entries(tmp_path)
+    # (the key of the model as optimize sees it: in eval mode)
+    key = model_cache.fingerprint(Triple().eval(), (x,), {}, None, Options.from_env())
+    entry.rename(entry.with_name(f"{key}.json"))  # Double's graph under Triple's key
+    verdicts, real = [], api.agrees_with_eager
+
+    def spy(*a, **k):
+        verdicts.append(real(*a, **k))
+        return verdicts[-1]
+
+    monkeypatch.setattr(api, "agrees_with_eager", spy)
+    opt = anyshape.optimize(Triple(), (x,))
+    assert verdicts[0] is False  # the entry was restored, and the check refused it
+    assert anyshape.stats()["model_cache_hits"] == 0
+    torch.testing.assert_close(opt(torch.ones(2, 5)), torch.full((2, 5), 3.0))
+
+
+class Fn(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def test_functions_a_model_holds_are_keyed_by_their_code(tmp_path):
+    """Two lambdas (one qualified name) that agree on the example but not elsewhere: the
+    key tells them apart, so the second model is compiled, not restored from the
+    first's entry (which the check on the example could not refuse)."""
+    x = torch.rand(3, 4)  # under 5: both clamps return it as it is
+    anyshape.optimize(Fn(lambda t: t.clamp(max=5.0)), (x,))
+    at_six = Fn(lambda t: t.clamp(max=6.0))
+    opt = anyshape.optimize(at_six, (x,))
+    assert anyshape.stats()["model_cache_hits"] == 0
+    big = torch.full((2, 5), 10.0)
+    torch.testing.assert_close(opt(big), at_six(big))
+    # a function closing over a value: keyed by the value too
+    def clamp_at(limit):
+        return lambda t: t.clamp(max=limit)
+
+    limits = [Fn(clamp_at(7.0)), Fn(clamp_at(8.0))]
+    for model in limits:
+        torch.testing.assert_close(anyshape.optimize(model, (x,))(big), model(big))
+    assert anyshape.stats()["model_cache_hits"] == 0
+    anyshape.optimize(Fn(lambda t: t.clamp(max=5.0)), (x,))  # the first's code again: a hit
+    assert anyshape.stats()["model_cache_hits"] == 1
+
+
 def test_model_cache_off_writes_nothing(tmp_path):
     anyshape.optimize(_bert(), _inputs(2, 8), model_cache=False)
     assert _entries(tmp_path) == []
@@ -248,117 +304,3 @@ def test_outputs_torch_cannot_serialize_compile_without_an_entry(tmp_path, monke
     torch.testing.assert_close(got.values, want.values)
     torch.testing.assert_close(got.indices, want.indices)
     assert not list((cache / "models").glob("*.json"))
-
-
-def _checked_shapes(monkeypatch) -> list:
-    """The input shapes of each check a restore runs against eager, in order."""
-    from anyshape.plugin import restore_check
-
-    seen, real = [], restore_check.agrees_with_eager
-
-    def spy(model, module, args, kwargs, *rest):
-        seen.append({k: tuple(v.shape) for k, v in kwargs.items()})
-        return real(model, module, args, kwargs, *rest)
-
-    monkeypatch.setattr(restore_check, "agrees_with_eager", spy)
-    return seen
-
-
-def test_a_restore_is_checked_on_the_example_cut_down(tmp_path, monkeypatch):
-    model = _bert()
-    anyshape.optimize(model, _inputs(3, 9))
-    seen = _checked_shapes(monkeypatch)
-    opt = anyshape.optimize(model, _inputs(3, 9))
-    assert anyshape.stats()["model_cache_hits"] == 1
-    # batch and sequence cut to 2, both inputs alike: one check, which agreed
-    assert seen == [{"input_ids": (2, 2), "attention_mask": (2, 2)}]
-    _check(opt, model)
-
-
-def test_a_stale_entry_is_caught_by_the_check_on_the_whole_example(tmp_path, monkeypatch):
-    from anyshape.config import Options
-    from anyshape.plugin import model_cache
-
-    x = torch.randn(3, 4)
-    anyshape.optimize(Double(), (x,))
-    (entry,) = _entries(tmp_path)
-    key = model_cache.fingerprint(Triple().eval(), (x,), {}, None, Options.from_env())
-    entry.rename(entry.with_name(f"{key}.json"))
-    from anyshape.plugin import restore_check
-
-    shapes, real = [], restore_check.agrees_with_eager
-
-    def spy(model, module, args, kwargs, *rest):
-        shapes.append(tuple(args[0].shape))
-        return real(model, module, args, kwargs, *rest)
-
-    monkeypatch.setattr(restore_check, "agrees_with_eager", spy)
-    opt = anyshape.optimize(Triple(), (x,))
-    # the cut example disagreed; the example as given decided; the entry was dropped
-    assert shapes == [(2, 2), (3, 4)]
-    assert anyshape.stats()["model_cache_hits"] == 0
-    torch.testing.assert_close(opt(torch.ones(2, 5)), torch.full((2, 5), 3.0))
-
-
-def test_a_model_refusing_the_cut_example_is_checked_on_the_whole(tmp_path, monkeypatch):
-    model = _bert()
-    anyshape.optimize(model, _inputs(3, 9))
-    from anyshape.plugin import restore_check
-
-    calls, real = [], restore_check.agrees_with_eager
-
-    def refuses_small(model, module, args, kwargs, *rest):
-        calls.append(tuple(kwargs["input_ids"].shape))
-        if kwargs["input_ids"].shape[1] < 9:
-            raise ValueError("the model takes 9 tokens or more")
-        return real(model, module, args, kwargs, *rest)
-
-    monkeypatch.setattr(restore_check, "agrees_with_eager", refuses_small)
-    opt = anyshape.optimize(model, _inputs(3, 9))
-    assert calls == [(2, 2), (3, 9)]
-    assert anyshape.stats()["model_cache_hits"] == 1
-    _check(opt, model)
-
-
-def _binder(specs, ranges=(), guards=()):
-    from anyshape.ir.constraints import ConstraintStore, Guard
-    from anyshape.ir.dtypes import DType
-    from anyshape.ir.symbolic import parse_expr
-    from anyshape.runtime.binder import InputSpec, ShapeBinder
-
-    store = ConstraintStore()
-    for sym, lo, hi in ranges:
-        store.add_symbol(sym, lo, hi)
-    for op, lhs, rhs in guards:
-        store.guards.append(Guard(op, parse_expr(lhs), parse_expr(rhs), "test"))
-    dims = lambda shape: tuple(d if isinstance(d, int) else parse_expr(d) for d in shape)  # noqa: E731
-    return ShapeBinder([InputSpec(n, DType.parse("f32"), dims(s)) for n, s in specs], store)
-
-
-def _spec_of(*tensors):
-    import torch.utils._pytree as pytree
-
-    return pytree.tree_flatten((tuple(tensors), {}))[1]
-
-
-def test_the_cut_keeps_static_dims_and_symbols_of_compound_dims():
-    from anyshape.plugin.restore_check import smaller_example
-
-    # x: [s0, s1, 4]; y: [s0, s1 + 1]: s1 appears in a compound dim, so it keeps its size
-    binder = _binder([("x", ("s0", "s1", 4)), ("y", ("s0", "s1 + 1"))])
-    x, y = torch.randn(5, 6, 4), torch.randn(5, 7)
-    (sx, sy), kwargs = smaller_example(binder, _spec_of(x, y), (x, y), {})
-    assert (tuple(sx.shape), tuple(sy.shape), kwargs) == ((2, 6, 4), (2, 7), {})
-    torch.testing.assert_close(sx, x[:2])  # the example's leading rows, not new values
-    assert smaller_example(binder, _spec_of(x, y), (x[:2], y[:2]), {}) is None  # nothing to cut
-
-
-def test_the_cut_respects_the_compiled_ranges_and_guards():
-    from anyshape.plugin.restore_check import smaller_example
-
-    x = torch.randn(9, 8)
-    ranged = _binder([("x", ("s0", "s1"))], ranges=[("s0", 4, None)])
-    ((sx,), _) = smaller_example(ranged, _spec_of(x), (x,), {})
-    assert tuple(sx.shape) == (4, 2)  # s0 only down to its range's least
-    guarded = _binder([("x", ("s0", "s1"))], guards=[("le", "16", "s0 + s1")])
-    assert smaller_example(guarded, _spec_of(x), (x,), {}) is None  # the guard refuses

@@ -13,14 +13,15 @@ and a restored module holds the live tensors (``parameters()``,
 
 The key fingerprints what decides the captured graph without running it: the
 source of every module class in the model, every module's plain attributes
-(and a transformers config), parameter and buffer names, shapes and dtypes, the
+(functions among them by their code and what they close over; a transformers
+config), parameter and buffer names, shapes and dtypes, the
 example inputs' structure, shapes and dtypes, the options (and the environment
 variables that steer code emission), the torch and anyshape versions, and a
 hash of anyshape's own source. An entry keeps the emitted CPU translation unit,
-so a restore skips emission. A restored model is checked against eager before it
-is returned (``restore_check.py``: on the example cut down, else as given; before
-its weights are watched, so that call packs no copy of them); any disagreement
-or defect drops the entry and compiles from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns
+so a restore skips emission. A restored model is checked against eager on the
+example before it is returned (and before its weights are watched, so that call
+packs no copy of them); any disagreement or defect drops the entry and
+compiles from scratch. ``model_cache=False`` (``ANYSHAPE_MODEL_CACHE=0``) turns
 it off.
 """
 
@@ -32,6 +33,7 @@ import inspect
 import json
 import os
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -55,14 +57,54 @@ FORMAT = 4  # 4: what the backend kept is "saved", whatever the backend
 _PLAIN = (bool, int, float, str, type(None))
 
 
-def _describe(v) -> str:
-    """A stable description of an attribute or closure value that may steer tracing."""
+def _describe(v, depth: int = 0) -> str:
+    """A stable description of an attribute or closure value that may steer tracing. A
+    Python function is described by its code, defaults and what it closes over, not by
+    its name alone: lambdas share one name, and two that agree on the example would
+    share an entry that the check on the example cannot refuse."""
     if isinstance(v, _PLAIN) or (isinstance(v, tuple) and all(isinstance(x, _PLAIN) for x in v)):
         return repr(v)
+    if isinstance(v, functools.partial) and depth < _DEPTH:
+        parts = [v.func, *v.args, *sorted(v.keywords.items())]
+        return "partial(" + ", ".join(_describe(p, depth + 1) for p in parts) + ")"
     if callable(v) and not isinstance(v, torch.nn.Module):
         name = getattr(v, "__qualname__", None) or getattr(v, "__name__", None)
-        return f"{getattr(v, '__module__', '')}.{name}" if name else repr(v)
+        described = f"{getattr(v, '__module__', '')}.{name}" if name else repr(v)
+        code = getattr(getattr(v, "__func__", v), "__code__", None)  # (a bound method's too)
+        if code is not None and depth < _DEPTH:
+            fn = getattr(v, "__func__", v)
+            cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
+            inner = [*(fn.__defaults__ or ()), *cells]
+            described += " " + _code_digest(code)
+            described += "(" + ", ".join(_describe(x, depth + 1) for x in inner) + ")"
+        return described
     return type(v).__qualname__
+
+
+_DEPTH = 4  # (functions closing over functions: how deep a description follows them)
+
+
+def _code_digest(code) -> str:
+    """A digest of what a code object computes: its bytecode, names and constants (nested
+    code objects alike), not where it sits in its file."""
+    parts = [
+        code.co_code,
+        code.co_names,
+        code.co_varnames,
+        code.co_freevars,
+        code.co_cellvars,
+        (code.co_argcount, code.co_kwonlyargcount, code.co_flags),
+        [_code_digest(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts],
+    ]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
 
 
 def _plain_attrs(module: torch.nn.Module) -> list:
