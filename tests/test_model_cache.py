@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import tiny_bert
+from tiny_models import Fn, tiny_bert
 
 import anyshape
 from anyshape.frontends.torch import capture
@@ -174,15 +174,6 @@ def test_stale_entry_is_caught_by_the_eager_check(tmp_path, monkeypatch):
     torch.testing.assert_close(opt(torch.ones(2, 5)), torch.full((2, 5), 3.0))
 
 
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 def test_functions_a_model_holds_are_keyed_by_their_code(tmp_path):
     """Two lambdas (one qualified name) that agree on the example but not elsewhere: the
     key tells them apart, so the second model is compiled, not restored from the
@@ -194,6 +185,7 @@ def test_functions_a_model_holds_are_keyed_by_their_code(tmp_path):
     assert anyshape.stats()["model_cache_hits"] == 0
     big = torch.full((2, 5), 10.0)
     torch.testing.assert_close(opt(big), at_six(big))
+
     # a function closing over a value: keyed by the value too
     def clamp_at(limit):
         return lambda t: t.clamp(max=limit)

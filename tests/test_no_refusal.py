@@ -17,19 +17,11 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import Fn
 from torch.export import Dim
 
 import anyshape
 from anyshape.standalone.commands import compile_cmd
-
-
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
 
 
 def _counts():

@@ -1,7 +1,8 @@
-"""Small transformers models with random weights, shared by the tests."""
+"""Small models shared by the tests: transformers models with random weights, a module around a function."""
 
 from __future__ import annotations
 
+import torch
 import transformers
 
 
@@ -18,3 +19,14 @@ def tiny_bert(vocab_size: int = 50, **config) -> transformers.BertModel:
         **config,
     )
     return transformers.BertModel(cfg, add_pooling_layer=pooling).eval()
+
+
+class Fn(torch.nn.Module):
+    """A module whose forward is the function it holds."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
