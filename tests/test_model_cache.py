@@ -174,6 +174,28 @@ def test_stale_entry_is_caught_by_the_eager_check(tmp_path, monkeypatch):
     torch.testing.assert_close(opt(torch.ones(2, 5)), torch.full((2, 5), 3.0))
 
 
+def test_a_functions_key_is_the_same_in_every_process(tmp_path):
+    """A set literal's order follows the string hash seed, which differs per process."""
+    script = (
+        "import torch, sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from tiny_models import Fn\n"
+        "from anyshape.config import Options\n"
+        "from anyshape.plugin.model_cache import fingerprint\n"
+        "fn = lambda t: t * 2 if t.dtype.is_floating_point in {'alpha', 'beta', 'gamma'} else t\n"
+        "print(fingerprint(Fn(fn).eval(), (torch.ones(2),), {}, None, Options.from_env()))\n"
+    )
+    keys = set()
+    for seed in ("1", "2", "3"):
+        env = {**__import__("os").environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        keys.add(done.stdout.split()[-1])
+    assert len(keys) == 1
+
+
 def test_functions_a_model_holds_are_keyed_by_their_code(tmp_path):
     """Two lambdas (one qualified name) that agree on the example but not elsewhere: the
     key tells them apart, so the second model is compiled, not restored from the

@@ -94,9 +94,20 @@ def _code_digest(code) -> str:
         code.co_freevars,
         code.co_cellvars,
         (code.co_argcount, code.co_kwonlyargcount, code.co_flags),
-        [_code_digest(c) if isinstance(c, types.CodeType) else repr(c) for c in code.co_consts],
+        [_const(c) for c in code.co_consts],
     ]
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _const(c) -> str:
+    """A code object's constant as the key holds it: nested code by its digest, a set
+    literal (``x in {"a", "b"}``) sorted, since its order follows the process's string
+    hash seed and the key must be the same in every process."""
+    if isinstance(c, types.CodeType):
+        return _code_digest(c)
+    if isinstance(c, frozenset):
+        return "frozenset" + repr(sorted(repr(x) for x in c))
+    return repr(c)
 
 
 def _filled(cell) -> bool:
