@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from filecheck import Checker
+from tiny_models import Fn
 
 import anyshape
 from anyshape.codegen.cpu import build as cpu_build
@@ -127,15 +128,6 @@ def test_dump_dir_shows_generated_source(tmp_path, monkeypatch):
     Checker(sources[0].read_text()).check(KERNEL).check(MAIN)
 
 
-class Unary(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, x):
-        return self.fn(x)
-
-
 # Bounds stated in anyshape/codegen/cpu/vmath.h, against float64 references.
 MATH = [
     ("exp", torch.exp, np.exp, (-87.0, 88.0), "rel", 1.0e-7),
@@ -147,7 +139,7 @@ MATH = [
 
 @pytest.mark.parametrize("name,fn,ref,span,kind,bound", MATH, ids=[m[0] for m in MATH])
 def test_vectorized_math_accuracy(name, fn, ref, span, kind, bound):
-    opt = anyshape.optimize(Unary(fn).eval(), (torch.randn(16),), backend="cpu")
+    opt = anyshape.optimize(Fn(fn).eval(), (torch.randn(16),), backend="cpu")
     x = torch.linspace(*span, 200_003, dtype=torch.float32)
     x = torch.cat([x, torch.tensor([0.0, -0.0, 1e-30, -1e-30, 3e-4, -3e-4])])
     got = opt(x).double()
@@ -163,7 +155,7 @@ def test_vectorized_math_accuracy(name, fn, ref, span, kind, bound):
 def test_exact_gelu_runs_as_one_vector_function_within_erf_bound():
     """0.5 x (1 + erf(x / sqrt 2)) as the lowering builds it becomes vmath's as_gelu_erff
     (3 ops fewer per element); its error is erf's bound scaled by 0.5 |x|."""
-    opt = anyshape.optimize(Unary(torch.nn.functional.gelu).eval(), (torch.randn(16),))
+    opt = anyshape.optimize(Fn(torch.nn.functional.gelu).eval(), (torch.randn(16),))
     Checker(_cluster_source(opt)).check(KERNEL).check("as_gelu_erff(").check(MAIN)
     x = torch.linspace(-12.0, 12.0, 200_003, dtype=torch.float32)
     got = opt(x).double()
@@ -217,7 +209,7 @@ def test_reduction_kernels_inline_their_element_helpers():
 
 
 def test_exp_ends_overflow_and_subnormal_like_torch():
-    opt = anyshape.optimize(Unary(torch.exp).eval(), (torch.randn(16),), backend="cpu")
+    opt = anyshape.optimize(Fn(torch.exp).eval(), (torch.randn(16),), backend="cpu")
     big = torch.tensor([88.0, 88.5, 88.72, 88.7228, 88.73, 88.8, 89.0, 100.0, 1e30])
     got, want = opt(big), torch.exp(big)
     assert torch.equal(torch.isinf(got), torch.isinf(want))
@@ -258,7 +250,7 @@ def test_profile_reports_every_kernel_call_site():
 
 def test_kernel_error_is_an_exception_not_a_crash():
     emb = torch.nn.Embedding(10, 4)
-    opt = anyshape.optimize(Unary(emb).eval(), (torch.tensor([[1, 2]]),), backend="cpu")
+    opt = anyshape.optimize(Fn(emb).eval(), (torch.tensor([[1, 2]]),), backend="cpu")
     with pytest.raises(RuntimeError, match=r"index is out of range .* in gather$"):
         opt(torch.tensor([[3, 12]]))  # (the message names the call site's op)
     torch.testing.assert_close(opt(torch.tensor([[3, 9]])), emb(torch.tensor([[3, 9]])))

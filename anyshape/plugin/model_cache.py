@@ -70,11 +70,10 @@ def _describe(v, depth: int = 0) -> str:
     if callable(v) and not isinstance(v, torch.nn.Module):
         name = getattr(v, "__qualname__", None) or getattr(v, "__name__", None)
         described = f"{getattr(v, '__module__', '')}.{name}" if name else repr(v)
-        code = getattr(getattr(v, "__func__", v), "__code__", None)  # (a bound method's too)
+        fn = getattr(v, "__func__", v)  # (a bound method's function)
+        code = getattr(fn, "__code__", None)
         if code is not None and depth < _DEPTH:
-            fn = getattr(v, "__func__", v)
-            cells = [c.cell_contents for c in fn.__closure__ or () if _filled(c)]
-            inner = [*(fn.__defaults__ or ()), *cells]
+            inner = [*(fn.__defaults__ or ()), *_closure_values(fn)]
             described += " " + _code_digest(code)
             described += "(" + ", ".join(_describe(x, depth + 1) for x in inner) + ")"
         return described
@@ -110,12 +109,15 @@ def _const(c) -> str:
     return repr(c)
 
 
-def _filled(cell) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 (an empty cell raises)
-    except ValueError:
-        return False
-    return True
+def _closure_values(fn) -> list:
+    """The values ``fn`` closes over, its empty cells (a name bound later) left out."""
+    values = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    return values
 
 
 def _plain_attrs(module: torch.nn.Module) -> list:
@@ -155,8 +157,7 @@ def _file_digest(path: str, mtime_ns: int, size: int) -> str:
 
 def _closure(cls) -> list[str]:
     """What ``forward`` closes over (a class made in a function per op shares its source)."""
-    cells = getattr(getattr(cls, "forward", None), "__closure__", None) or ()
-    return [_describe(c.cell_contents) for c in cells]
+    return [_describe(v) for v in _closure_values(getattr(cls, "forward", None))]
 
 
 @functools.cache
