@@ -255,7 +255,7 @@ def test_a_1x1_convolution_is_one_gemm_for_the_batch_then_each_images_epilogue(r
     descs = opt.report.clusters[0].compiled.native.kernel_descriptions
     assert "+ epilogue" in [d for d in descs if "convolution" in d][0], descs
     if "always" not in route.values():  # no oneDNN matmul in the build: BLAS
-        assert "as_dnnl_matmul(" not in _source(opt)
+        assert "as_dnnl_matmul(&" not in _source(opt)  # (no call; the header declares it)
         runs = lambda: 0  # noqa: E731
     else:
         runs = _lib(opt).anyshape_dnnl_matmul_runs
@@ -458,3 +458,96 @@ def test_nan_through_relu_stays_nan_unless_post_ops_are_asked_for(k):
         assert "post_operands" in _source(fast)
         finite = torch.randn(3, 6, 11, 7)
         torch.testing.assert_close(fast(finite), model(finite), rtol=1e-4, atol=1e-4)
+
+
+def _rows_runs(opt):
+    fn = _lib(opt).anyshape_rows_gemm_runs
+    fn.restype = ctypes.c_int64
+    return fn
+
+
+@pytest.mark.parametrize("cout, route, own", [(40, {}, True), (192, {}, False),
+                                              (40, {"dnnl_matmul": "always"}, False)])  # fmt: skip
+def test_a_narrow_1x1_convolutions_row_blocks_run_the_runtimes_gemm(cout, route, own):
+    """A large 1x1 convolution's row blocks (``as_conv_rows_fused``) to at most 128 output
+    channels run ``as_rows_gemm`` on the weight in its panels, from the weight's second
+    call on (the first runs oneDNN's routes): right at row counts no multiple of its
+    tile's, a last panel part zero, NaN kept through the epilogue's ReLU. Wider weights and
+    ``dnnl_matmul="always"`` keep oneDNN's matmul."""
+    torch.manual_seed(7)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(48, cout, 1, bias=False)
+            self.bn = torch.nn.BatchNorm2d(cout)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.next = torch.nn.Conv2d(cout, 4, 3, padding=1)
+
+        def forward(self, x):
+            return self.next(torch.relu(self.bn(self.conv(x))))
+
+    model = Block().eval()
+    opt = anyshape.optimize(model, (torch.randn(2, 48, 6, 5),), backend="cpu", **route)
+    runs = _rows_runs(opt)
+    with torch.no_grad():
+        # (each large call is above both ISAs' bound; the first packs nothing yet)
+        sizes = [(1, 181, 183), (2, 131, 127), (1, 181, 183), (3, 5, 7), (0, 4, 4)]
+        for (n, h, w), want in zip(sizes, [0, 1, 1, 0, 0]):
+            x = torch.randn(n, 48, h, w)
+            if n:
+                x[0, 3, 100 % h, 50 % w] = float("nan")
+            before = runs()
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4, equal_nan=True)
+            assert runs() - before == (want if own else 0), (n, h, w)
+
+
+@pytest.mark.parametrize(
+    "cin, cout, k, s, p, d, epilogue",
+    [
+        (3, 64, 7, 2, 3, 1, True),  # an image network's stem
+        (1, 20, 3, 1, 1, 1, True),
+        (4, 70, 5, 1, 4, 2, False),  # dilated: tap by tap; 70 columns: a part panel
+        (2, 8, 3, 3, 0, 1, True),
+    ],
+)
+def test_a_few_channel_convolution_runs_as_gemms_over_its_windows(cin, cout, k, s, p, d, epilogue):
+    """Up to 4 input channels a channels-last convolution copies each output pixel's window
+    and runs ``as_rows_gemm`` over a row of pixels at a time (from the watched weight's
+    second call on), its epilogue after: right at every size, windows reaching past every edge, images
+    smaller than the kernel, one pixel, an empty batch."""
+    torch.manual_seed(8)
+
+    class Stem(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(cin, cout, k, stride=s, padding=p, dilation=d, bias=False)
+            self.bn = torch.nn.BatchNorm2d(cout)
+            self.bn.running_mean.uniform_(-1, 1)
+            self.next = torch.nn.Conv2d(cout, 4, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.next(torch.relu(self.bn(y)) if epilogue else y)
+
+    model = Stem().eval()
+    reach = (k - 1) * d + 1 - 2 * p  # the smallest input side with an output
+    example = torch.randn(2, cin, 16, 13)
+    opt = anyshape.optimize(model, (example,), backend="cpu")
+    assert "as_taps_panels(&taps_site" in _source(opt)
+    runs = _rows_runs(opt)
+    sizes = [
+        (2, 16, 13),
+        (1, 31, 17),
+        (3, max(reach, 1), max(reach, 1) + 1),
+        (0, 9, 9),
+        (1, 40, 41),
+    ]
+    with torch.no_grad():
+        for i, (n, h, w) in enumerate(sizes):
+            x = torch.randn(n, cin, h, w)
+            before = runs()
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            # (the first call after optimize's check is the watched weight's first use)
+            assert runs() - before == int(n > 0 and i > 0), (n, h, w)

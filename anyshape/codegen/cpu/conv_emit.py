@@ -164,6 +164,9 @@ def _conv_channels_last(
         )
     if c.direct and (route is None or route.as_matmul):
         return _conv_channels_last_direct(c, epilogue, route, epilogue_rows)
+    taps = []
+    if route is not None and c.t == "float" and c.cg <= TAPS_CHANNELS and fusion is None:
+        taps = _conv_taps(c, epilogue_rows() if epilogue is not None else [])
     t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
     (h, w), (oh, ow) = c.ins, c.outs
     x, y = (
@@ -197,7 +200,79 @@ def _conv_channels_last(
     image.append(text(fallback))
     if epilogue is not None:
         image += [if_("!fused", epilogue)] if fusion else epilogue
-    return [*before, loop(For("n", "0", c.N), image), text("return 0;")]
+    return [*taps, *before, loop(For("n", "0", c.N), image), text("return 0;")]
+
+
+# Up to this many input channels a channels-last convolution runs as ``_conv_taps``.
+TAPS_CHANNELS = 4
+
+
+def _conv_taps(c: ConvGeometry, epilogue_rows: list) -> list:
+    """A convolution with few input channels (an image network's stem) as GEMMs over its
+    windows, one row of output pixels at a time over the threads: each pixel's window
+    copied into a per-thread buffer, a run of ``kw x C`` floats per kernel row, then
+    ``as_rows_gemm`` (dnnl_matmul.h) by the weight in its panels, then the epilogue over
+    that row's pixels while they are in cache. oneDNN ran ResNet-50's 3-channel 7x7 stem
+    through a blocked kernel with reorders in and out, at half ONNX Runtime's speed
+    (docs/performance.md, "2026-12-07, eighth"). Runs once the weight's panels are packed
+    (its second call); the oneDNN path after it runs otherwise."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.kernel, c.stride, c.pad, c.dil
+    (h, w), (oh, ow) = c.ins, c.outs
+    k = c.cg * kh * kw
+    site = dnnl_site("AsTapsSite", [str(k), c.OC, str(c.cg)]).replace("dnnl_site", "taps_site")
+    run = kw * c.cg  # floats in a kernel row's window (the channels are static: groups 1)
+    window = [
+        f"const float* xn = (const float*){c.px} + n * {h} * {w} * {c.cg};",
+        f"for (int64_t ox = 0; ox < {ow}; ++ox) {{",
+        f"  float* d = col + ox * {k};",
+        f"  const int64_t x0 = ox * {sw} - {pw};",
+        f"  for (int64_t i = 0; i < {kh}; ++i, d += {run}) {{",
+        f"    const int64_t y = oy * {sh} - {ph} + i * {dh};",
+        f"    const float* row = xn + y * {w} * {c.cg};",
+        f"    const bool inside = y >= 0 && y < {h};",
+    ]
+    if dw == 1:  # the taps inside the image are one run
+        window += [
+            f"    if (inside && x0 >= 0 && x0 + {kw} <= {w}) {{",
+            f"      memcpy(d, row + x0 * {c.cg}, sizeof(float) * {run});",
+            "      continue;",
+            "    }",
+        ]
+    window += [
+        f"    for (int64_t j = 0; j < {kw}; ++j) {{",
+        f"      const int64_t x = x0 + j * {dw};",
+        f"      const bool in = inside && x >= 0 && x < {w};",
+        f"      for (int64_t q = 0; q < {c.cg}; ++q) d[j * {c.cg} + q] = in ? row[x * {c.cg} + q] : 0.0f;",
+        "    }",
+    ]
+    window += ["  }", "}"]
+    block = [
+        text(
+            f"const int64_t n = b / {oh}, oy = b % {oh};",
+            f"float* col = (float*)as_scratch((int64_t)sizeof(float) * {ow} * {k});",
+            "if (!col) { failed = 1; continue; }",
+            *window,
+            f"const int64_t r0 = b * {ow}, r1 = r0 + {ow};",
+            f"as_rows_gemm({ow}, {c.OC}, {k}, col, panels, (float*){c.po} + r0 * {c.OC});",
+        ),
+        *epilogue_rows,
+    ]
+    parallel = "#pragma omp parallel for schedule(static) reduction(|:failed)"
+    body = (
+        text(
+            *site.split("\n"),
+            f"const float* taps_panels = as_taps_panels(&taps_site, (const float*){c.pw});",
+        ),
+        if_(
+            "taps_panels",
+            [
+                text("const float* panels = taps_panels;", "int failed = 0;"),
+                loop(For("b", "0", f"{c.N} * {oh}"), block, [parallel]),
+                text("return failed ? 3 : 0;"),
+            ],
+        ),
+    )
+    return [Guarded("ANYSHAPE_DNNL", body)]
 
 
 def _conv_channels_last_direct(
@@ -256,9 +331,15 @@ def _row_blocks(
         f"(const float*){c.pw}, {c.C}, 0.0f, yn + r0 * {c.OC}, {c.OC}) == 0"
     )
     run = f"({block_call} || {gemm})" if block_call else f"({gemm})"
+    if block_call:  # (the site's own kernel on its panels, once they are packed)
+        own = f"as_rows_gemm(r1 - r0, {c.OC}, {c.C}, xn + r0 * {c.C}, panels, yn + r0 * {c.OC})"
+        run_block = f"if (fused) {{ if (panels) {own}; else failed |= !{run}; }}"
+        panels = f"if (fused) panels = as_rows_panels(&dnnl_site, (const float*){c.pw});"
+    else:
+        run_block, panels = f"if (fused) failed |= !{run};", ""
     block = [
         text(f"const int64_t r0 = b * bs, r1 = as_min64({rows}, r0 + bs);"),
-        Guarded("ANYSHAPE_DNNL", (text(f"if (fused) failed |= !{run};"),)),
+        Guarded("ANYSHAPE_DNNL", (text(run_block),)),
         *epilogue_rows,
     ]
     parallel = (
@@ -267,7 +348,11 @@ def _row_blocks(
     )
     return [
         text("bool fused = false;"),
-        Guarded("ANYSHAPE_DNNL", (text(f"fused = as_conv_rows_fused({rows}, {c.OC});"),)),
+        text("const float* panels = nullptr; (void)panels;"),
+        Guarded(
+            "ANYSHAPE_DNNL",
+            (text(f"fused = as_conv_rows_fused({rows}, {c.OC});", *([panels] if panels else [])),),
+        ),
         if_("!fused", whole),
         text(
             f"const int64_t bs = as_conv_row_block({rows}, {c.OC});",

@@ -25,7 +25,8 @@ struct AsMatmulSite {
   bool in_place;      // the primitive reads the weight as the model holds it: no copy
   bool transposes;    // its packed layout is the [n, k] weight's panel transposed, row-major
   int64_t ld;         // a packed panel's rows this many floats apart (as_packed_ld)
-  dnnl_memory_desc_t few;  // the layout of as_few_rows_gemm's panels (made on first use)
+  dnnl_memory_desc_t few;   // the layout of as_few_rows_gemm's panels (made on first use)
+  dnnl_memory_desc_t rows;  // the layout of as_rows_gemm's panels (made on first use)
 };
 
 // A site's mode (Route.site_mode in routes.py): up to AS_FEW_ROWS rows on as_few_rows_gemm,
@@ -38,6 +39,27 @@ AS_GLUE_ENTRY bool as_dnnl_matmul(AsMatmulSite* s, const float* a, const float* 
                                   int64_t m);
 AS_GLUE_ENTRY AsMatmulSite* as_matmul_site(AsSiteTable* t, int64_t k, int64_t n,
                                            int64_t transposed, int64_t mode);
+// The site's weight in as_rows_gemm's panels (packed on its second use), or null: the
+// caller's routes run (a weight nobody watches, its first use, out of memory).
+AS_GLUE_ENTRY const float* as_rows_panels(AsMatmulSite* s, const float* w);
+// c[m, n] (rows n apart) = a[m, k] @ a weight in as_rows_gemm's `panels`, on the calling
+// thread.
+AS_GLUE_ENTRY void as_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
+                                const float* panels, float* c);
+
+// A convolution with few input channels (an image network's stem: 3 channels, 7 x 7
+// taps): its OIHW weight [n, c, taps] read as a [k = taps x c, n] one, rows in the order of
+// a channels-last window (tap, then channel), which as_rows_gemm multiplies by the windows
+// of a row of output pixels (conv_emit._conv_taps).
+struct AsTapsSite {
+  int64_t k, n, c;  // (the geometry first, as AsMatmulSite's)
+  AsWeightsCache weights;
+  dnnl_memory_desc_t rows;  // the layout of the panels (made on first use)
+  bool broken;              // no site could be made (as_site_for): the caller's path runs
+};
+AS_GLUE_ENTRY AsTapsSite* as_taps_site(AsSiteTable* t, int64_t k, int64_t n, int64_t c);
+// The site's weight in as_rows_gemm's panels (packed on its second use), or null.
+AS_GLUE_ENTRY const float* as_taps_panels(AsTapsSite* s, const float* w);
 
 #ifdef AS_DNNL_GLUE_OBJECT
 
@@ -336,6 +358,176 @@ static int as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, f
   as_few_rows_gemm(m, s->n, s->k, a, packed, c, s->n);
   __atomic_add_fetch(&as_few_rows_runs, 1, __ATOMIC_RELAXED);
   return 1;
+}
+
+// Many rows by a narrow weight, one block of rows per thread: the 1x1 convolutions of a
+// residual network's early stages (256 -> 64 channels at 4 x 80 x 80 pixels: 25 600 rows)
+// run as GEMMs over blocks of pixels, each block's epilogue right after its GEMM while the
+// block is in cache (conv_emit._row_blocks). oneDNN's sgemm and matmul ran those blocks at
+// 150-210 GFLOP/s, where ONNX Runtime's direct convolution ran 254. as_rows_gemm keeps
+// AS_ROWS_MR rows x AS_ROWS_NV vectors of output in registers over the whole depth (24
+// accumulators of AVX-512's 32, 10 of AVX2's 16) and reads the weight from column panels of
+// AS_ROWS_NB, stored [k][AS_ROWS_NB] (zero past n). Measured alone over 96-row blocks on two
+// threads, the input fresh from memory (256 -> 64 at 25 600 rows): AVX-512 248 GFLOP/s
+// against sgemm's 202, AVX2 158 against 125 (docs/performance.md, "2026-12-07, eighth").
+#ifdef __AVX512F__
+#define AS_ROWS_V 16
+#define AS_ROWS_MR 6
+#define AS_ROWS_NV 4
+#else
+#define AS_ROWS_V 8
+#define AS_ROWS_MR 3
+#define AS_ROWS_NV 4
+#endif
+#define AS_ROWS_NB (AS_ROWS_NV * AS_ROWS_V)
+typedef float AsRowsVec __attribute__((vector_size(AS_ROWS_V * 4)));
+typedef float AsRowsLoad __attribute__((vector_size(AS_ROWS_V * 4), aligned(4)));
+
+// c[R, cols] = a[R, k] (rows k apart) @ one panel w [k][AS_ROWS_NB] (cols <= AS_ROWS_NB
+// of it kept; rows ldc apart).
+template <int R>
+static inline void as_rows_tile(const float* __restrict__ a, const float* __restrict__ w,
+                                int64_t k, float* __restrict__ c, int64_t ldc, int64_t cols) {
+  AsRowsVec acc[R][AS_ROWS_NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < AS_ROWS_NV; ++j) acc[r][j] = AsRowsVec{};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    // The next tile's rows, a line at a time, two lines ahead: the input comes from memory
+    // and the hardware's prefetcher follows R streams at one float a step too late (AVX-512
+    // 3.1-3.4 -> 2.6-2.8 ms, AVX2 5.4-5.6 -> 4.3-4.4 ms, in the measurement above).
+    if ((kk & 15) == 0)
+      for (int r = 0; r < R; ++r) __builtin_prefetch(a + (R + r) * k + kk + 32);
+    const float* wk = w + kk * AS_ROWS_NB;
+    AsRowsVec wv[AS_ROWS_NV];
+    for (int j = 0; j < AS_ROWS_NV; ++j) wv[j] = *(const AsRowsLoad*)(wk + j * AS_ROWS_V);
+    for (int r = 0; r < R; ++r) {
+      const float x = a[r * k + kk];
+      for (int j = 0; j < AS_ROWS_NV; ++j) acc[r][j] += x * wv[j];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    if (cols == AS_ROWS_NB) {
+      for (int j = 0; j < AS_ROWS_NV; ++j)
+        *(AsRowsLoad*)(c + r * ldc + j * AS_ROWS_V) = acc[r][j];
+    } else {
+      float row[AS_ROWS_NB];
+      memcpy(row, acc[r], sizeof(row));
+      memcpy(c + r * ldc, row, sizeof(float) * cols);
+    }
+  }
+}
+
+AS_GLUE_ENTRY void as_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
+                                const float* panels, float* c) {
+  const int64_t count = (n + AS_ROWS_NB - 1) / AS_ROWS_NB;
+  for (int64_t p = 0; p < count; ++p) {
+    const float* w = panels + p * k * AS_ROWS_NB;
+    const int64_t cols = as_min64(AS_ROWS_NB, n - p * AS_ROWS_NB);
+    float* out = c + p * AS_ROWS_NB;
+    int64_t r = 0;
+    for (; r + AS_ROWS_MR <= m; r += AS_ROWS_MR)
+      as_rows_tile<AS_ROWS_MR>(a + r * k, w, k, out + r * n, n, cols);
+    const float* ar = a + r * k;
+    float* cr = out + r * n;
+    switch (m - r) {
+#if AS_ROWS_MR > 3
+      case 5: as_rows_tile<5>(ar, w, k, cr, n, cols); break;
+      case 4: as_rows_tile<4>(ar, w, k, cr, n, cols); break;
+      case 3: as_rows_tile<3>(ar, w, k, cr, n, cols); break;
+#endif
+      case 2: as_rows_tile<2>(ar, w, k, cr, n, cols); break;
+      case 1: as_rows_tile<1>(ar, w, k, cr, n, cols); break;
+      default: break;
+    }
+  }
+}
+
+// A [k, n] weight into as_rows_gemm's panels, one panel per task over the threads (as
+// as_few_pack, at AS_ROWS_NB columns a panel). The model holds it as [n, k] (transposed),
+// as [k, n], or (channels > 0) as a convolution's [n, channels, k / channels], whose row
+// kk of the [k, n] weight is tap kk / channels of channel kk % channels.
+static void as_rows_pack(int64_t k, int64_t n, bool transposed, int64_t channels,
+                         const float* w, float* to) {
+  const int64_t count = (n + AS_ROWS_NB - 1) / AS_ROWS_NB;
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
+  for (int64_t p = 0; p < count; ++p) {
+    const int64_t c0 = p * AS_ROWS_NB, cols = as_min64(AS_ROWS_NB, n - c0);
+    float* panel = to + p * k * AS_ROWS_NB;
+    if (channels > 0) {
+      const int64_t taps = k / channels;
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t j = 0; j < cols; ++j)
+          panel[kk * AS_ROWS_NB + j] = w[(c0 + j) * k + (kk % channels) * taps + kk / channels];
+    } else if (transposed) {
+      as_transpose2d<float>(w + c0 * k, k, panel, AS_ROWS_NB, cols, k);
+    } else {
+      for (int64_t kk = 0; kk < k; ++kk)
+        memcpy(panel + kk * AS_ROWS_NB, w + kk * n + c0, sizeof(float) * cols);
+    }
+    if (cols < AS_ROWS_NB)
+      for (int64_t kk = 0; kk < k; ++kk)
+        memset(panel + kk * AS_ROWS_NB + cols, 0, sizeof(float) * (AS_ROWS_NB - cols));
+  }
+}
+
+// GEMMs as_rows_gemm's panels were handed out for, for tests and diagnostics.
+AS_SHARED int64_t as_rows_runs = 0;
+extern "C" int64_t anyshape_rows_gemm_runs() {
+  return __atomic_load_n(&as_rows_runs, __ATOMIC_RELAXED);
+}
+
+// Under c->mu: a weight in as_rows_gemm's panels (layout *md, made on first use), packed by
+// `pack` on its second use; null on its first, for weights nobody watches, out of memory.
+static const float* as_rows_packed(AsWeightsCache* c, dnnl_memory_desc_t* md, int64_t k,
+                                   int64_t n, const float* w, const AsPacker& pack) {
+  as_cache_list(c);
+  if (!*md) {
+    const int64_t count = (n + AS_ROWS_NB - 1) / AS_ROWS_NB;
+    dnnl_dims_t dims = {count, k, AS_ROWS_NB}, strides = {k * AS_ROWS_NB, AS_ROWS_NB, 1};
+    if (dnnl_memory_desc_create_with_strides(md, 3, dims, AS_DNNL_F32, strides)) *md = nullptr;
+  }
+  bool first_use = false;
+  const float* packed =
+      *md ? as_packed_weights(c, w, nullptr, *md, 1, 0, &pack, &first_use) : nullptr;
+  if (first_use || packed == w) return nullptr;
+  if (packed) __atomic_add_fetch(&as_rows_runs, 1, __ATOMIC_RELAXED);
+  return packed;
+}
+
+// Up to this many output columns a 1x1 convolution's row blocks run as_rows_gemm: wider
+// ones ran level or slower than oneDNN's (ResNet-50's 512 -> 2048 at 4 x 10 x 10 pixels,
+// 3.4 against 3.0 ms), narrower ones faster in the whole model.
+#define AS_ROWS_WIDEST 128
+
+AS_GLUE_ENTRY const float* as_rows_panels(AsMatmulSite* s, const float* w) {
+  if (!as_dnnl_engine() || s->n > AS_ROWS_WIDEST || s->mode == AS_MATMUL_ALWAYS) return nullptr;
+  const AsPacker pack = {[](const void* site, const float* plain, float* to) {
+                           const AsMatmulSite* t = (const AsMatmulSite*)site;
+                           as_rows_pack(t->k, t->n, t->transposed, 0, plain, to);
+                         }, s};
+  pthread_mutex_lock(&s->weights.mu);
+  const float* packed = as_rows_packed(&s->weights, &s->rows, s->k, s->n, w, pack);
+  pthread_mutex_unlock(&s->weights.mu);
+  return packed;
+}
+
+AS_GLUE_ENTRY const float* as_taps_panels(AsTapsSite* s, const float* w) {
+  if (s->broken || !as_dnnl_engine()) return nullptr;
+  const AsPacker pack = {[](const void* site, const float* plain, float* to) {
+                           const AsTapsSite* t = (const AsTapsSite*)site;
+                           as_rows_pack(t->k, t->n, false, t->c, plain, to);
+                         }, s};
+  pthread_mutex_lock(&s->weights.mu);
+  const float* packed = as_rows_packed(&s->weights, &s->rows, s->k, s->n, w, pack);
+  pthread_mutex_unlock(&s->weights.mu);
+  return packed;
+}
+
+// The site of a family's kernel for one few-channel convolution's weight (as_site_for).
+__attribute__((noipa)) AS_GLUE_ENTRY AsTapsSite* as_taps_site(AsSiteTable* t, int64_t k,
+                                                            int64_t n, int64_t c) {
+  const int64_t geometry[3] = {k, n, c};
+  return as_site_for<AsTapsSite>(t, geometry, 3);
 }
 
 // c[m, n] = a[m, k] @ w, with w as the model holds it: up to AS_FEW_ROWS rows through

@@ -33,7 +33,11 @@ def dnnl_site(kind: str, geometry: list[str]) -> str:
         return (
             f"static {kind} dnnl_site = {{{', '.join(geometry)}, {{PTHREAD_MUTEX_INITIALIZER}}}};"
         )
-    make = {"AsMatmulSite": "as_matmul_site", "AsConvSite": "as_conv_site"}[kind]
+    make = {
+        "AsMatmulSite": "as_matmul_site",
+        "AsConvSite": "as_conv_site",
+        "AsTapsSite": "as_taps_site",
+    }[kind]
     return (
         "static AsSiteTable dnnl_sites = {PTHREAD_MUTEX_INITIALIZER, nullptr, 0};\n"
         f"{kind}& dnnl_site = *{make}(&dnnl_sites, {', '.join(geometry)});"
