@@ -234,46 +234,108 @@ AS_SETUP static bool as_matmul_make(AsMatmulSite* s) {
 // small a second time; a weight nobody watches is not copied (as_packed_weights) and takes
 // the routes below, as a watched one does the first time.
 #define AS_FEW_ROWS 32
-#ifdef __AVX512F__
-#define AS_FEW_V 16
-#define AS_FEW_MR 8
-#else
-#define AS_FEW_V 8
-#define AS_FEW_MR 4
-#endif
-#define AS_FEW_NB (3 * AS_FEW_V)
-typedef float AsFewVec __attribute__((vector_size(AS_FEW_V * 4)));
-typedef float AsFewLoad __attribute__((vector_size(AS_FEW_V * 4), aligned(4)));
 
-// c[R, cols] = a[R, k] (rows k apart) @ one panel w [k][AS_FEW_NB] (cols <= AS_FEW_NB of
-// it kept).
-template <int R>
-static inline void as_few_tile(const float* __restrict__ a, const float* __restrict__ w,
-                               int64_t k, float* __restrict__ c, int64_t ldc, int64_t cols) {
-  AsFewVec acc[R][3];
+// Tiles of a GEMM by a weight in column panels (the few-rows kernel's and as_rows_gemm's):
+// AS_VEC_V floats a vector, a panel NV vectors wide, stored [k][NV x AS_VEC_V] (zero past n).
+#ifdef __AVX512F__
+#define AS_VEC_V 16
+#else
+#define AS_VEC_V 8
+#endif
+typedef float AsPanelVec __attribute__((vector_size(AS_VEC_V * 4)));
+typedef float AsPanelLoad __attribute__((vector_size(AS_VEC_V * 4), aligned(4)));
+
+// c[R, cols] = a[R, k] (rows k apart) @ one panel w [k][NV x AS_VEC_V] (cols of it kept;
+// rows ldc apart). With Prefetch, the next tile's rows a line at a time, two lines ahead:
+// for many rows fresh from memory, whose R streams the hardware's prefetcher follows at one
+// float a step too late (as_rows_gemm: AVX-512 3.1-3.4 -> 2.6-2.8 ms, AVX2 5.4-5.6 -> 4.3-4.4
+// ms in its measurement below).
+template <int R, int NV, bool Prefetch>
+static inline void as_panel_tile(const float* __restrict__ a, const float* __restrict__ w,
+                                 int64_t k, float* __restrict__ c, int64_t ldc, int64_t cols) {
+  constexpr int64_t nb = NV * AS_VEC_V;
+  AsPanelVec acc[R][NV];
   for (int r = 0; r < R; ++r)
-    for (int j = 0; j < 3; ++j) acc[r][j] = AsFewVec{};
+    for (int j = 0; j < NV; ++j) acc[r][j] = AsPanelVec{};
   for (int64_t kk = 0; kk < k; ++kk) {
-    const float* wk = w + kk * AS_FEW_NB;
-    const AsFewVec w0 = *(const AsFewLoad*)wk, w1 = *(const AsFewLoad*)(wk + AS_FEW_V),
-                   w2 = *(const AsFewLoad*)(wk + 2 * AS_FEW_V);
+    if (Prefetch && (kk & 15) == 0)
+      for (int r = 0; r < R; ++r) __builtin_prefetch(a + (R + r) * k + kk + 32);
+    const float* wk = w + kk * nb;
+    AsPanelVec wv[NV];
+    for (int j = 0; j < NV; ++j) wv[j] = *(const AsPanelLoad*)(wk + j * AS_VEC_V);
     for (int r = 0; r < R; ++r) {
       const float x = a[r * k + kk];
-      acc[r][0] += x * w0;
-      acc[r][1] += x * w1;
-      acc[r][2] += x * w2;
+      for (int j = 0; j < NV; ++j) acc[r][j] += x * wv[j];
     }
   }
   for (int r = 0; r < R; ++r) {
-    if (cols == AS_FEW_NB) {
-      for (int j = 0; j < 3; ++j) *(AsFewLoad*)(c + r * ldc + j * AS_FEW_V) = acc[r][j];
+    if (cols == nb) {
+      for (int j = 0; j < NV; ++j) *(AsPanelLoad*)(c + r * ldc + j * AS_VEC_V) = acc[r][j];
     } else {
-      float row[AS_FEW_NB];
+      float row[nb];
       memcpy(row, acc[r], sizeof(row));
       memcpy(c + r * ldc, row, sizeof(float) * cols);
     }
   }
 }
+
+// The last `left` (< R + 1) rows of as_panel_rows, as one tile of that many.
+template <int R, int NV, bool Prefetch>
+static inline void as_panel_rest(int64_t left, const float* a, const float* w, int64_t k,
+                                 float* c, int64_t ldc, int64_t cols) {
+  if constexpr (R > 0) {
+    if (left == R)
+      as_panel_tile<R, NV, Prefetch>(a, w, k, c, ldc, cols);
+    else
+      as_panel_rest<R - 1, NV, Prefetch>(left, a, w, k, c, ldc, cols);
+  }
+}
+
+// c[m, cols] = a[m, k] @ one panel: MR rows a tile, then the rest as one smaller tile.
+template <int MR, int NV, bool Prefetch>
+static inline void as_panel_rows(int64_t m, const float* a, const float* w, int64_t k,
+                                 float* c, int64_t ldc, int64_t cols) {
+  int64_t r = 0;
+  for (; r + MR <= m; r += MR)
+    as_panel_tile<MR, NV, Prefetch>(a + r * k, w, k, c + r * ldc, ldc, cols);
+  as_panel_rest<MR - 1, NV, Prefetch>(m - r, a + r * k, w, k, c + r * ldc, ldc, cols);
+}
+
+// A [k, n] weight into column panels of nb, one panel per task over the threads. The model
+// holds it as [n, k] (transposed: rows transposed in 8x8 tiles, as_transpose2d), as [k, n]
+// (rows copied), or (channels > 0) as a convolution's [n, channels, k / channels], whose
+// row kk of the [k, n] weight is tap kk / channels of channel kk % channels. The last
+// panel's columns past n are zeroed.
+static void as_panels_pack(int64_t k, int64_t n, int64_t nb, bool transposed,
+                           int64_t channels, const float* w, float* to) {
+  const int64_t count = (n + nb - 1) / nb;
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
+  for (int64_t p = 0; p < count; ++p) {
+    const int64_t c0 = p * nb, cols = as_min64(nb, n - c0);
+    float* panel = to + p * k * nb;
+    if (channels > 0) {
+      const int64_t taps = k / channels;
+      for (int64_t kk = 0; kk < k; ++kk)
+        for (int64_t j = 0; j < cols; ++j)
+          panel[kk * nb + j] = w[(c0 + j) * k + (kk % channels) * taps + kk / channels];
+    } else if (transposed) {
+      as_transpose2d<float>(w + c0 * k, k, panel, nb, cols, k);
+    } else {
+      for (int64_t kk = 0; kk < k; ++kk)
+        memcpy(panel + kk * nb, w + kk * n + c0, sizeof(float) * cols);
+    }
+    if (cols < nb)
+      for (int64_t kk = 0; kk < k; ++kk)
+        memset(panel + kk * nb + cols, 0, sizeof(float) * (nb - cols));
+  }
+}
+
+#ifdef __AVX512F__
+#define AS_FEW_MR 8
+#else
+#define AS_FEW_MR 4
+#endif
+#define AS_FEW_NB (3 * AS_VEC_V)
 
 // c[m, n] (rows ldc apart) = a[m, k] @ the weight in as_few_pack's panels; m <= AS_FEW_ROWS.
 static void as_few_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
@@ -281,48 +343,15 @@ static void as_few_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
   const int64_t count = (n + AS_FEW_NB - 1) / AS_FEW_NB;
 #pragma omp parallel for schedule(static) if (n * k >= (1 << 15))
   for (int64_t p = 0; p < count; ++p) {
-    const float* w = packed + p * k * AS_FEW_NB;
     const int64_t cols = as_min64(AS_FEW_NB, n - p * AS_FEW_NB);
-    float* out = c + p * AS_FEW_NB;
-    int64_t r = 0;
-    for (; r + AS_FEW_MR <= m; r += AS_FEW_MR)
-      as_few_tile<AS_FEW_MR>(a + r * k, w, k, out + r * ldc, ldc, cols);
-    const float* ar = a + r * k;
-    float* cr = out + r * ldc;
-    switch (m - r) {
-#if AS_FEW_MR > 4
-      case 7: as_few_tile<7>(ar, w, k, cr, ldc, cols); break;
-      case 6: as_few_tile<6>(ar, w, k, cr, ldc, cols); break;
-      case 5: as_few_tile<5>(ar, w, k, cr, ldc, cols); break;
-      case 4: as_few_tile<4>(ar, w, k, cr, ldc, cols); break;
-#endif
-      case 3: as_few_tile<3>(ar, w, k, cr, ldc, cols); break;
-      case 2: as_few_tile<2>(ar, w, k, cr, ldc, cols); break;
-      case 1: as_few_tile<1>(ar, w, k, cr, ldc, cols); break;
-      default: break;
-    }
+    as_panel_rows<AS_FEW_MR, 3, false>(m, a, packed + p * k * AS_FEW_NB, k,
+                                       c + p * AS_FEW_NB, ldc, cols);
   }
 }
 
-// The site's weight (as the model holds it) into as_few_rows_gemm's panels, one panel per
-// task over the threads: an [n, k] weight's rows transposed in 8x8 tiles (as_transpose2d),
-// a [k, n] one's rows copied; the last panel's columns past n zeroed.
+// The site's weight (as the model holds it) into as_few_rows_gemm's panels.
 static void as_few_pack(const AsMatmulSite* s, const float* w, float* to) {
-  const int64_t k = s->k, n = s->n, count = (n + AS_FEW_NB - 1) / AS_FEW_NB;
-#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
-  for (int64_t p = 0; p < count; ++p) {
-    const int64_t c0 = p * AS_FEW_NB, cols = as_min64(AS_FEW_NB, n - c0);
-    float* panel = to + p * k * AS_FEW_NB;
-    if (s->transposed) {
-      as_transpose2d<float>(w + c0 * k, k, panel, AS_FEW_NB, cols, k);
-    } else {
-      for (int64_t kk = 0; kk < k; ++kk)
-        memcpy(panel + kk * AS_FEW_NB, w + kk * n + c0, sizeof(float) * cols);
-    }
-    if (cols < AS_FEW_NB)
-      for (int64_t kk = 0; kk < k; ++kk)
-        memset(panel + kk * AS_FEW_NB + cols, 0, sizeof(float) * (AS_FEW_NB - cols));
-  }
+  as_panels_pack(s->k, s->n, AS_FEW_NB, s->transposed, 0, w, to);
 }
 
 // GEMMs as_few_rows_gemm ran, for tests and diagnostics.
@@ -366,107 +395,26 @@ static int as_few_rows_matmul(AsMatmulSite* s, const float* a, const float* w, f
 // block is in cache (conv_emit._row_blocks). oneDNN's sgemm and matmul ran those blocks at
 // 150-210 GFLOP/s, where ONNX Runtime's direct convolution ran 254. as_rows_gemm keeps
 // AS_ROWS_MR rows x AS_ROWS_NV vectors of output in registers over the whole depth (24
-// accumulators of AVX-512's 32, 10 of AVX2's 16) and reads the weight from column panels of
-// AS_ROWS_NB, stored [k][AS_ROWS_NB] (zero past n). Measured alone over 96-row blocks on two
-// threads, the input fresh from memory (256 -> 64 at 25 600 rows): AVX-512 248 GFLOP/s
-// against sgemm's 202, AVX2 158 against 125 (docs/performance.md, "2026-12-07, eighth").
+// accumulators of AVX-512's 32, 12 of AVX2's 16), reads the weight from column panels of
+// AS_ROWS_NB (as_panel_tile) and prefetches the next tile's rows. Measured alone over
+// 96-row blocks on two threads, the input fresh from memory (256 -> 64 at 25 600 rows):
+// AVX-512 2.6-2.8 ms against oneDNN's sgemm per block 3.4-3.7, AVX2 4.3-4.4 against 5.8-6.1
+// (docs/performance.md, "2026-12-07, eighth").
 #ifdef __AVX512F__
-#define AS_ROWS_V 16
 #define AS_ROWS_MR 6
-#define AS_ROWS_NV 4
 #else
-#define AS_ROWS_V 8
 #define AS_ROWS_MR 3
-#define AS_ROWS_NV 4
 #endif
-#define AS_ROWS_NB (AS_ROWS_NV * AS_ROWS_V)
-typedef float AsRowsVec __attribute__((vector_size(AS_ROWS_V * 4)));
-typedef float AsRowsLoad __attribute__((vector_size(AS_ROWS_V * 4), aligned(4)));
-
-// c[R, cols] = a[R, k] (rows k apart) @ one panel w [k][AS_ROWS_NB] (cols <= AS_ROWS_NB
-// of it kept; rows ldc apart).
-template <int R>
-static inline void as_rows_tile(const float* __restrict__ a, const float* __restrict__ w,
-                                int64_t k, float* __restrict__ c, int64_t ldc, int64_t cols) {
-  AsRowsVec acc[R][AS_ROWS_NV];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < AS_ROWS_NV; ++j) acc[r][j] = AsRowsVec{};
-  for (int64_t kk = 0; kk < k; ++kk) {
-    // The next tile's rows, a line at a time, two lines ahead: the input comes from memory
-    // and the hardware's prefetcher follows R streams at one float a step too late (AVX-512
-    // 3.1-3.4 -> 2.6-2.8 ms, AVX2 5.4-5.6 -> 4.3-4.4 ms, in the measurement above).
-    if ((kk & 15) == 0)
-      for (int r = 0; r < R; ++r) __builtin_prefetch(a + (R + r) * k + kk + 32);
-    const float* wk = w + kk * AS_ROWS_NB;
-    AsRowsVec wv[AS_ROWS_NV];
-    for (int j = 0; j < AS_ROWS_NV; ++j) wv[j] = *(const AsRowsLoad*)(wk + j * AS_ROWS_V);
-    for (int r = 0; r < R; ++r) {
-      const float x = a[r * k + kk];
-      for (int j = 0; j < AS_ROWS_NV; ++j) acc[r][j] += x * wv[j];
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    if (cols == AS_ROWS_NB) {
-      for (int j = 0; j < AS_ROWS_NV; ++j)
-        *(AsRowsLoad*)(c + r * ldc + j * AS_ROWS_V) = acc[r][j];
-    } else {
-      float row[AS_ROWS_NB];
-      memcpy(row, acc[r], sizeof(row));
-      memcpy(c + r * ldc, row, sizeof(float) * cols);
-    }
-  }
-}
+#define AS_ROWS_NV 4
+#define AS_ROWS_NB (AS_ROWS_NV * AS_VEC_V)
 
 AS_GLUE_ENTRY void as_rows_gemm(int64_t m, int64_t n, int64_t k, const float* a,
                                 const float* panels, float* c) {
   const int64_t count = (n + AS_ROWS_NB - 1) / AS_ROWS_NB;
   for (int64_t p = 0; p < count; ++p) {
-    const float* w = panels + p * k * AS_ROWS_NB;
     const int64_t cols = as_min64(AS_ROWS_NB, n - p * AS_ROWS_NB);
-    float* out = c + p * AS_ROWS_NB;
-    int64_t r = 0;
-    for (; r + AS_ROWS_MR <= m; r += AS_ROWS_MR)
-      as_rows_tile<AS_ROWS_MR>(a + r * k, w, k, out + r * n, n, cols);
-    const float* ar = a + r * k;
-    float* cr = out + r * n;
-    switch (m - r) {
-#if AS_ROWS_MR > 3
-      case 5: as_rows_tile<5>(ar, w, k, cr, n, cols); break;
-      case 4: as_rows_tile<4>(ar, w, k, cr, n, cols); break;
-      case 3: as_rows_tile<3>(ar, w, k, cr, n, cols); break;
-#endif
-      case 2: as_rows_tile<2>(ar, w, k, cr, n, cols); break;
-      case 1: as_rows_tile<1>(ar, w, k, cr, n, cols); break;
-      default: break;
-    }
-  }
-}
-
-// A [k, n] weight into as_rows_gemm's panels, one panel per task over the threads (as
-// as_few_pack, at AS_ROWS_NB columns a panel). The model holds it as [n, k] (transposed),
-// as [k, n], or (channels > 0) as a convolution's [n, channels, k / channels], whose row
-// kk of the [k, n] weight is tap kk / channels of channel kk % channels.
-static void as_rows_pack(int64_t k, int64_t n, bool transposed, int64_t channels,
-                         const float* w, float* to) {
-  const int64_t count = (n + AS_ROWS_NB - 1) / AS_ROWS_NB;
-#pragma omp parallel for schedule(static) if (n * k >= (1 << 16))
-  for (int64_t p = 0; p < count; ++p) {
-    const int64_t c0 = p * AS_ROWS_NB, cols = as_min64(AS_ROWS_NB, n - c0);
-    float* panel = to + p * k * AS_ROWS_NB;
-    if (channels > 0) {
-      const int64_t taps = k / channels;
-      for (int64_t kk = 0; kk < k; ++kk)
-        for (int64_t j = 0; j < cols; ++j)
-          panel[kk * AS_ROWS_NB + j] = w[(c0 + j) * k + (kk % channels) * taps + kk / channels];
-    } else if (transposed) {
-      as_transpose2d<float>(w + c0 * k, k, panel, AS_ROWS_NB, cols, k);
-    } else {
-      for (int64_t kk = 0; kk < k; ++kk)
-        memcpy(panel + kk * AS_ROWS_NB, w + kk * n + c0, sizeof(float) * cols);
-    }
-    if (cols < AS_ROWS_NB)
-      for (int64_t kk = 0; kk < k; ++kk)
-        memset(panel + kk * AS_ROWS_NB + cols, 0, sizeof(float) * (AS_ROWS_NB - cols));
+    as_panel_rows<AS_ROWS_MR, AS_ROWS_NV, true>(m, a, panels + p * k * AS_ROWS_NB, k,
+                                                c + p * AS_ROWS_NB, n, cols);
   }
 }
 
@@ -503,7 +451,7 @@ AS_GLUE_ENTRY const float* as_rows_panels(AsMatmulSite* s, const float* w) {
   if (!as_dnnl_engine() || s->n > AS_ROWS_WIDEST || s->mode == AS_MATMUL_ALWAYS) return nullptr;
   const AsPacker pack = {[](const void* site, const float* plain, float* to) {
                            const AsMatmulSite* t = (const AsMatmulSite*)site;
-                           as_rows_pack(t->k, t->n, t->transposed, 0, plain, to);
+                           as_panels_pack(t->k, t->n, AS_ROWS_NB, t->transposed, 0, plain, to);
                          }, s};
   pthread_mutex_lock(&s->weights.mu);
   const float* packed = as_rows_packed(&s->weights, &s->rows, s->k, s->n, w, pack);
@@ -515,7 +463,7 @@ AS_GLUE_ENTRY const float* as_taps_panels(AsTapsSite* s, const float* w) {
   if (s->broken || !as_dnnl_engine()) return nullptr;
   const AsPacker pack = {[](const void* site, const float* plain, float* to) {
                            const AsTapsSite* t = (const AsTapsSite*)site;
-                           as_rows_pack(t->k, t->n, false, t->c, plain, to);
+                           as_panels_pack(t->k, t->n, AS_ROWS_NB, false, t->c, plain, to);
                          }, s};
   pthread_mutex_lock(&s->weights.mu);
   const float* packed = as_rows_packed(&s->weights, &s->rows, s->k, s->n, w, pack);
