@@ -81,8 +81,9 @@ class Options:
         metadata={
             "help": "CPU, with oneDNN's matmul (dnnl_matmul auto): GEMMs of up to 32 rows by a "
             "model weight run the runtime's own kernel on a packed copy of that weight (its size "
-            "again in memory, for each weight that meets so few rows twice); False: oneDNN's "
-            "matmul or BLAS, as for more rows"
+            "again in memory, for each weight that meets so few rows twice), and so do the row "
+            "blocks of large 1x1 convolutions to 128 output channels (another copy); False: "
+            "oneDNN's matmul or BLAS, as for more rows"
         },
     )
     dnnl_conv: str = field(

@@ -501,6 +501,9 @@ def test_a_narrow_1x1_convolutions_row_blocks_run_the_runtimes_gemm(cout, route,
             before = runs()
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4, equal_nan=True)
             assert runs() - before == (want if own else 0), (n, h, w)
+        model.conv.weight.mul_(-0.5)  # packed panels are packed again
+        x = torch.randn(1, 48, 181, 183)
+        torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -510,6 +513,8 @@ def test_a_narrow_1x1_convolutions_row_blocks_run_the_runtimes_gemm(cout, route,
         (1, 20, 3, 1, 1, 1, True),
         (4, 70, 5, 1, 4, 2, False),  # dilated: tap by tap; 70 columns: a part panel
         (2, 8, 3, 3, 0, 1, True),
+        (3, 16, 2, 3, 0, 1, True),  # stride over the kernel: input between windows
+        (3, 33, 3, 1, 2, (1, 2), True),  # dilated in width alone
     ],
 )
 def test_a_few_channel_convolution_runs_as_gemms_over_its_windows(cin, cout, k, s, p, d, epilogue):
@@ -532,7 +537,9 @@ def test_a_few_channel_convolution_runs_as_gemms_over_its_windows(cin, cout, k, 
             return self.next(torch.relu(self.bn(y)) if epilogue else y)
 
     model = Stem().eval()
-    reach = (k - 1) * d + 1 - 2 * p  # the smallest input side with an output
+    reach = (
+        (k - 1) * max(d if isinstance(d, tuple) else (d,)) + 1 - 2 * p
+    )  # (a side with an output)
     example = torch.randn(2, cin, 16, 13)
     opt = anyshape.optimize(model, (example,), backend="cpu")
     assert "as_taps_panels(&taps_site" in _source(opt)
@@ -551,3 +558,8 @@ def test_a_few_channel_convolution_runs_as_gemms_over_its_windows(cin, cout, k, 
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
             # (the first call after optimize's check is the watched weight's first use)
             assert runs() - before == int(n > 0 and i > 0), (n, h, w)
+        model.conv.weight.mul_(-0.5)  # packed panels are packed again
+        inputs = [torch.randn(n, cin, h, w) for n, h, w in sizes]
+        expected = [model(x) for x in inputs]
+        torch.testing.assert_close(opt(inputs[1]), expected[1], rtol=1e-4, atol=1e-4)
+    assert mismatches_from_threads(opt, inputs, expected) == []

@@ -257,7 +257,10 @@ def _conv_taps(c: ConvGeometry, epilogue_rows: list) -> list:
         ),
         *epilogue_rows,
     ]
-    parallel = "#pragma omp parallel for schedule(static) reduction(|:failed)"
+    parallel = (
+        "#pragma omp parallel for schedule(static) reduction(|:failed) "
+        f"if({c.N} * {oh} * {ow} * {c.OC} >= 32768)"
+    )
     body = (
         text(
             *site.split("\n"),

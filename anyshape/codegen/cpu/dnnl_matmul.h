@@ -448,7 +448,10 @@ static const float* as_rows_packed(AsWeightsCache* c, dnnl_memory_desc_t* md, in
 #define AS_ROWS_WIDEST 128
 
 AS_GLUE_ENTRY const float* as_rows_panels(AsMatmulSite* s, const float* w) {
-  if (!as_dnnl_engine() || s->n > AS_ROWS_WIDEST || s->mode == AS_MATMUL_ALWAYS) return nullptr;
+  // (Not for a site as_site_for could not make, whose k and n are 0; not where the options
+  // ask for oneDNN's matmul at every row count, or for no extra copy of a weight.)
+  if (s->broken || !as_dnnl_engine() || s->n > AS_ROWS_WIDEST || s->mode != AS_MATMUL_AUTO)
+    return nullptr;
   const AsPacker pack = {[](const void* site, const float* plain, float* to) {
                            const AsMatmulSite* t = (const AsMatmulSite*)site;
                            as_panels_pack(t->k, t->n, AS_ROWS_NB, t->transposed, 0, plain, to);
