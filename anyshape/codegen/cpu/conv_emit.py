@@ -219,7 +219,7 @@ def _conv_taps(c: ConvGeometry, epilogue_rows: list) -> list:
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.kernel, c.stride, c.pad, c.dil
     (h, w), (oh, ow) = c.ins, c.outs
     k = c.cg * kh * kw
-    site = dnnl_site("AsTapsSite", [str(k), c.OC, str(c.cg)]).replace("dnnl_site", "taps_site")
+    site = dnnl_site("AsTapsSite", [str(k), c.OC, str(c.cg)], name="taps_site")
     run = kw * c.cg  # floats in a kernel row's window (the channels are static: groups 1)
     window = [
         f"const float* xn = (const float*){c.px} + n * {h} * {w} * {c.cg};",
@@ -228,8 +228,8 @@ def _conv_taps(c: ConvGeometry, epilogue_rows: list) -> list:
         f"  const int64_t x0 = ox * {sw} - {pw};",
         f"  for (int64_t i = 0; i < {kh}; ++i, d += {run}) {{",
         f"    const int64_t y = oy * {sh} - {ph} + i * {dh};",
-        f"    const float* row = xn + y * {w} * {c.cg};",
         f"    const bool inside = y >= 0 && y < {h};",
+        f"    const float* row = xn + (inside ? y : 0) * {w} * {c.cg};  // (read only inside)",
     ]
     if dw == 1:  # the taps inside the image are one run
         window += [

@@ -24,23 +24,22 @@ from .expr import KernelScope
 from .loop_ir import Guarded, text
 
 
-def dnnl_site(kind: str, geometry: list[str]) -> str:
-    """The declaration of ``dnnl_site``, the oneDNN call site of a kernel (an ``AsMatmulSite``
-    or ``AsConvSite``: primitives and packed weights) for ``geometry``: a static of the
-    kernel when every value is a literal, else its family's site for this call's values
-    (``as_site_for`` in dnnl.h)."""
+def dnnl_site(kind: str, geometry: list[str], name: str = "dnnl_site") -> str:
+    """The declaration of ``name``, the oneDNN call site of a kernel (an ``AsMatmulSite``,
+    ``AsConvSite`` or ``AsTapsSite``: primitives and packed weights) for ``geometry``: a
+    static of the kernel when every value is a literal, else its family's site for this
+    call's values (``as_site_for`` in dnnl.h; the table ``<name>s``). A kernel with two
+    sites names the second."""
     if all(g.isdigit() for g in geometry):
-        return (
-            f"static {kind} dnnl_site = {{{', '.join(geometry)}, {{PTHREAD_MUTEX_INITIALIZER}}}};"
-        )
+        return f"static {kind} {name} = {{{', '.join(geometry)}, {{PTHREAD_MUTEX_INITIALIZER}}}};"
     make = {
         "AsMatmulSite": "as_matmul_site",
         "AsConvSite": "as_conv_site",
         "AsTapsSite": "as_taps_site",
     }[kind]
     return (
-        "static AsSiteTable dnnl_sites = {PTHREAD_MUTEX_INITIALIZER, nullptr, 0};\n"
-        f"{kind}& dnnl_site = *{make}(&dnnl_sites, {', '.join(geometry)});"
+        f"static AsSiteTable {name}s = {{PTHREAD_MUTEX_INITIALIZER, nullptr, 0}};\n"
+        f"{kind}& {name} = *{make}(&{name}s, {', '.join(geometry)});"
     )
 
 
