@@ -164,9 +164,13 @@ def _conv_channels_last(
         )
     if c.direct and (route is None or route.as_matmul):
         return _conv_channels_last_direct(c, epilogue, route, epilogue_rows)
-    taps = []
-    if route is not None and c.t == "float" and c.cg <= TAPS_CHANNELS and fusion is None:
-        taps = _conv_taps(c, epilogue_rows() if epilogue is not None else [])
+    taps = []  # (the runtime's own kernels, before oneDNN's, once the weight is packed)
+    if route is not None and c.t == "float" and fusion is None:
+        rows = epilogue_rows() if epilogue is not None else []
+        if c.cg <= TAPS_CHANNELS:
+            taps = _conv_taps(c, rows)
+        elif route.winograd:
+            taps = _conv_winograd(c, rows)
     t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
     (h, w), (oh, ow) = c.ins, c.outs
     x, y = (
@@ -273,6 +277,64 @@ def _conv_taps(c: ConvGeometry, epilogue_rows: list) -> list:
                 loop(For("b", "0", f"{c.N} * {oh}"), block, [parallel]),
                 text("return failed ? 3 : 0;"),
             ],
+        ),
+    )
+    return [Guarded("ANYSHAPE_DNNL", body)]
+
+
+# Up to this many floats in the transformed weight (16 x C x O: 256 x 256 channels) a 3x3
+# convolution runs Winograd's F(2x2, 3x3). ResNet-50's 512-channel layers ran level with
+# oneDNN or slower (docs/performance.md, "2026-12-08").
+WINOGRAD_FLOATS = 16 * 256 * 256
+
+
+def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
+    """A 3x3 convolution by Winograd's minimal filtering F(2x2, 3x3) through
+    ``as_winograd_conv`` (dnnl_matmul.h): 16 multiplications for each 2 x 2 block of output
+    and channel pair where the direct convolution takes 36, as 16 GEMMs by the weight
+    transformed once, then the epilogue over blocks of pixels across the threads. Capped
+    to AVX2, oneDNN 3.2 ran ResNet-50's 3x3 layers at 165-195 GFLOP/s, ONNX Runtime's
+    direct kernel at 210 (docs/performance.md, "2026-12-08"). Runs once the transformed
+    weight is packed (its second call); where an output is not finite (Winograd's
+    transforms turn an infinity into NaN across a tile), the oneDNN path after it computes
+    the call again, as it does otherwise."""
+    (h, w), (oh, ow), (ph, pw) = c.ins, c.outs, c.pad
+    site = dnnl_site("AsWinogradSite", [str(c.cg), c.OC], name="winograd_site")
+    geometry = [c.N, h, w, c.cg, c.OC, ph, pw, oh, ow]
+    rows = f"{c.N} * {oh} * {ow}"
+    run = [
+        text(
+            f"const int64_t winograd_geometry[9] = {{{', '.join(map(str, geometry))}}};",
+            "const int winograd = as_winograd_conv(winograd_geometry, "
+            f"(const float*){c.px}, winograd_panels, (float*){c.po});",
+            "if (winograd == 3) return 3;",
+        )
+    ]
+    done = []
+    if epilogue_rows:
+        done += [
+            text(
+                f"const int64_t bs = as_conv_row_block({rows}, {c.OC});",
+                f"const int64_t nb = ({rows} + bs - 1) / bs;",
+            ),
+            loop(
+                For("b", "0", "nb"),
+                [
+                    text(f"const int64_t r0 = b * bs, r1 = as_min64({rows}, r0 + bs);"),
+                    *epilogue_rows,
+                ],
+                [f"#pragma omp parallel for schedule(static) if({rows} * {c.OC} >= 32768)"],
+            ),
+        ]
+    body = (
+        text(
+            *site.split("\n"),
+            f"const float* winograd_panels = {c.OC} * {c.cg} > {WINOGRAD_FLOATS // 16} ? nullptr"
+            f" : as_winograd_panels(&winograd_site, (const float*){c.pw});",
+        ),
+        if_(
+            f"{c.OC} * {c.cg} <= {WINOGRAD_FLOATS // 16} && winograd_panels",
+            [*run, if_("winograd == 0", [*done, text("return 0;")])],
         ),
     )
     return [Guarded("ANYSHAPE_DNNL", body)]

@@ -26,7 +26,7 @@ from .loop_ir import Guarded, text
 
 def dnnl_site(kind: str, geometry: list[str], name: str = "dnnl_site") -> str:
     """The declaration of ``name``, the oneDNN call site of a kernel (an ``AsMatmulSite``,
-    ``AsConvSite`` or ``AsTapsSite``: primitives and packed weights) for ``geometry``: a
+    ``AsConvSite``, ``AsTapsSite`` or ``AsWinogradSite``: primitives and packed weights) for ``geometry``: a
     static of the kernel when every value is a literal, else its family's site for this
     call's values (``as_site_for`` in dnnl.h; the table ``<name>s``). A kernel with two
     sites names the second."""
@@ -36,6 +36,7 @@ def dnnl_site(kind: str, geometry: list[str], name: str = "dnnl_site") -> str:
         "AsMatmulSite": "as_matmul_site",
         "AsConvSite": "as_conv_site",
         "AsTapsSite": "as_taps_site",
+        "AsWinogradSite": "as_winograd_site",
     }[kind]
     return (
         f"static AsSiteTable {name}s = {{PTHREAD_MUTEX_INITIALIZER, nullptr, 0}};\n"

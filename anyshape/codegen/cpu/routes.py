@@ -58,6 +58,7 @@ class CpuSettings:
     few_rows_gemm: bool = True  # up to 32 rows on the runtime's own GEMM (dnnl_matmul.h)
     dnnl_conv: str = "channels_last"  # one of the option's choices (config.py)
     conv_post_ops: bool = False  # convolution epilogues as oneDNN post-ops (post_ops.py)
+    winograd: bool = True  # 3x3 convolutions by Winograd's F(2x2, 3x3) (dnnl_matmul.h)
 
     @property
     def matmul_site_mode(self) -> int:
@@ -73,6 +74,7 @@ class CpuSettings:
             few_rows_gemm=options.few_rows_gemm,
             dnnl_conv=options.dnnl_conv,
             conv_post_ops=options.conv_post_ops,
+            winograd=options.winograd,
         )
 
 
@@ -85,6 +87,7 @@ class Route:
     as_matmul: bool = False  # a channels-last 1x1 convolution run as oneDNN's matmul
     post_ops: PostOps | None = None  # the convolution's epilogue as oneDNN post-ops
     site_mode: int = 0  # a matmul site's mode (CpuSettings.matmul_site_mode)
+    winograd: bool = False  # a 3x3 convolution may run as_winograd_conv (conv_emit)
 
     @property
     def description(self) -> str:
@@ -95,6 +98,8 @@ class Route:
                 what = "own GEMM up to 32 rows, " + what
         if self.post_ops:
             what += " with its epilogue as post-ops"
+        if self.winograd:
+            what = "Winograd F(2x2, 3x3) on its transformed weight, else " + what
         return f"{what}, weight {self.weight.attr('name')}"
 
 
@@ -136,7 +141,19 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
         return None  # (the BLAS GEMM of its pixels, as for a linear layer)
     header = "dnnl_matmul.h" if as_matmul else "dnnl_conv.h"
     mode = settings.matmul_site_mode
-    return Route(header, root.inputs[1], as_matmul, post_ops=fused, site_mode=mode)
+    winograd = settings.winograd and fused is None and _winograd_shape(root)
+    return Route(header, root.inputs[1], as_matmul, fused, mode, winograd)
+
+
+def _winograd_shape(root: Node) -> bool:
+    """A channels-last 3x3 convolution with unit stride and dilation (conv_emit runs it by
+    Winograd's F(2x2, 3x3) where its channels are few enough and the weight is watched)."""
+    return bool(
+        root.attr("channels_last", False)
+        and tuple(root.inputs[1].shape[2:]) == (3, 3)
+        and all(v == 1 for v in root.attr("stride"))
+        and all(v == 1 for v in root.attr("dilation"))
+    )
 
 
 def _runs_as_matmul(root: Node) -> bool:
