@@ -55,6 +55,8 @@ def _compiled(model, **options):
         (64, 40, 0, False),  # no padding: every tile's input inside the image
         (5, 33, (1, 0), True),  # padding in height alone
         (48, 256, 1, False),
+        (160, 200, 1, True),  # over 1 MB of transformed weight: all tiles' inputs at once
+        (256, 256, (0, 1), True),
     ],
 )
 def test_a_3x3_convolution_runs_winograd_from_its_weights_second_call(cin, cout, padding, epilogue):
@@ -85,13 +87,15 @@ def test_a_3x3_convolution_runs_winograd_from_its_weights_second_call(cin, cout,
     assert mismatches_from_threads(opt, inputs, expected) == []
 
 
-def test_an_output_not_finite_is_computed_again_as_eager_does():
+@pytest.mark.parametrize("cin, cout", [(16, 24), (144, 160)])  # (both ways through tiles)
+def test_an_output_not_finite_is_computed_again_as_eager_does(cin, cout):
     """An infinite input pixel makes NaN across a 2 x 2 block in Winograd's transforms
     where eager has infinities and finite values: such a call runs again on oneDNN's
-    convolution, so which outputs are NaN, infinite or finite is eager's."""
+    convolution and its epilogue, so which outputs are NaN, infinite or finite is eager's
+    (one image of two poisoned)."""
     torch.manual_seed(4)
-    conv = torch.nn.Conv2d(16, 24, 3, padding=1)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 1), conv).eval()
+    model = _Block(cin, cout, 1, epilogue=False).eval()
+    model.out = torch.nn.Identity()
     opt, _, runs = _compiled(model)
     with torch.no_grad():
         x = torch.randn(2, 3, 12, 11)
@@ -151,3 +155,23 @@ def test_wide_3x3_convolutions_stay_on_onednn():
             x = torch.randn(1, 3, 9, 10)
             torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
     assert runs() == 0
+
+
+def test_a_kernel_family_runs_winograd_for_each_of_its_output_widths():
+    """Two 3x3 convolutions alike but for their output channels may share one compiled
+    function (``kernel_families``), the output width a run-time value: each runs
+    Winograd with its own transformed weight."""
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 64, 1),
+        torch.nn.Conv2d(64, 96, 3, padding=1),
+        torch.nn.Conv2d(96, 64, 1),
+        torch.nn.Conv2d(64, 128, 3, padding=1),
+    ).eval()
+    opt, _, runs = _compiled(model, kernel_families=True)
+    with torch.no_grad():
+        for i, (n, h, w) in enumerate([(2, 12, 11), (1, 9, 14), (2, 15, 15)]):
+            x = torch.randn(n, 3, h, w)
+            before = runs()
+            torch.testing.assert_close(opt(x), model(x), rtol=1e-4, atol=1e-4)
+            assert runs() - before == (2 if i > 0 else 0)

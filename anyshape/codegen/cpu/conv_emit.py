@@ -166,11 +166,10 @@ def _conv_channels_last(
         return _conv_channels_last_direct(c, epilogue, route, epilogue_rows)
     taps = []  # (the runtime's own kernels, before oneDNN's, once the weight is packed)
     if route is not None and c.t == "float" and fusion is None:
-        rows = epilogue_rows() if epilogue is not None else []
         if c.cg <= TAPS_CHANNELS:
-            taps = _conv_taps(c, rows)
+            taps = _conv_taps(c, epilogue_rows() if epilogue is not None else [])
         elif route.winograd:
-            taps = _conv_winograd(c, rows)
+            taps = _conv_winograd(c, epilogue_rows() if epilogue is not None else [])
     t, (kh, kw), (sh, sw), (ph, pw), (dh, dw) = c.t, c.kernel, c.stride, c.pad, c.dil
     (h, w), (oh, ow) = c.ins, c.outs
     x, y = (
@@ -307,7 +306,6 @@ def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
             f"const int64_t winograd_geometry[9] = {{{', '.join(map(str, geometry))}}};",
             "const int winograd = as_winograd_conv(winograd_geometry, "
             f"(const float*){c.px}, winograd_panels, (float*){c.po});",
-            "if (winograd == 3) return 3;",
         )
     ]
     done = []

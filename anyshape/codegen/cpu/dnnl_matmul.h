@@ -75,7 +75,7 @@ AS_GLUE_ENTRY AsWinogradSite* as_winograd_site(AsSiteTable* t, int64_t c, int64_
 AS_GLUE_ENTRY const float* as_winograd_panels(AsWinogradSite* s, const float* w);
 // y [N, OH, OW, O] = x [N, H, W, C] convolved with the weight in `panels`, padded by
 // g = {n, h, w, c, o, ph, pw, oh, ow}, over the threads: 0; 1 where an output is not
-// finite (the caller's path computes the call again, as eager would); 3 out of memory.
+// finite or out of memory (the caller's path computes the call again, as eager would).
 AS_GLUE_ENTRY int as_winograd_conv(const int64_t* g, const float* x, const float* panels,
                                    float* y);
 
@@ -631,11 +631,11 @@ static bool as_winograd_out(const int64_t* g, const float* m, int64_t t0, int64_
       }
       for (int i = 0; i < 2 && 2 * ty + i < oh; ++i) {
         const AsPanelVec y0 = b[i][0] + b[i][1] + b[i][2], y1 = b[i][1] - b[i][2] - b[i][3];
-        float* row = y + ((n * oh + 2 * ty + i) * ow + 2 * tx) * o + oc;
-        as_vec_store(row, y0, left);
+        float* out = y + ((n * oh + 2 * ty + i) * ow + 2 * tx) * o + oc;
+        as_vec_store(out, y0, left);
         check += y0 * 0.0f;
         if (2 * tx + 1 < ow) {
-          as_vec_store(row + o, y1, left);
+          as_vec_store(out + o, y1, left);
           check += y1 * 0.0f;
         }
       }
@@ -672,13 +672,16 @@ extern "C" int64_t anyshape_winograd_runs() {
 // - up to 1 MB (ResNet-50's 64 and 128 channels) blocks of AS_WINOGRAD_TILES tiles, one
 //   per task: the block's transformed input, its 16 GEMMs by the whole weight (in L2)
 //   and its output, all in cache;
-// - over that (256 channels: 4 MB) every tile's input at once, then the 16 GEMMs with one
-//   matrix and panel a task (each read once), then every output: a block of tiles would
-//   read the whole weight again.
+// - over that (256 channels: 4 MB) up to AS_WINOGRAD_CHUNK bytes of transformed input and
+//   products at a time: every such tile's input, then the 16 GEMMs with one matrix and
+//   panel a task (each read once a chunk), then every output: a block of tiles would read
+//   the whole weight again.
+// Out of memory it returns 1: oneDNN's path computes the call.
 // Measured alone against oneDNN's convolution (docs/performance.md, "2026-12-08"):
 // capped to AVX2, 0.64-0.79 of its time at 4 x 56 x 56 x 64 to 4 x 14 x 14 x 256; with
 // AVX-512 0.74-0.87.
 #define AS_WINOGRAD_TILES 48
+#define AS_WINOGRAD_CHUNK (INT64_C(32) << 20)
 AS_GLUE_ENTRY int as_winograd_conv(const int64_t* g, const float* x, const float* panels,
                                    float* y) {
   const int64_t n = g[0], c = g[3], o = g[4], oh = g[7], ow = g[8];
@@ -697,7 +700,7 @@ AS_GLUE_ENTRY int as_winograd_conv(const int64_t* g, const float* x, const float
       const int64_t t0 = b * size, count = as_min64(size, tiles - t0);
       float* v = (float*)as_scratch((int64_t)sizeof(float) * 16 * count * (c + o));
       if (!v) {
-        failed = 1;
+        failed = 1;  // (the caller's path runs the call)
         continue;
       }
       float* m = v + 16 * count * c;
@@ -706,21 +709,25 @@ AS_GLUE_ENTRY int as_winograd_conv(const int64_t* g, const float* x, const float
       infinite |= !as_winograd_out(g, m, t0, count, th, tw, y, count, 0);
     }
   } else {
-    float* v = (float*)as_scratch((int64_t)sizeof(float) * 16 * tiles * (c + o));
-    if (!v) return 3;
-    float* m = v + 16 * tiles * c;
+    const int64_t most = as_max64(1, AS_WINOGRAD_CHUNK / (64 * (c + o)));  // (tiles a chunk)
+    const int64_t chunks = (tiles + most - 1) / most, chunk = (tiles + chunks - 1) / chunks;
+    float* v = (float*)as_scratch((int64_t)sizeof(float) * 16 * chunk * (c + o));
+    if (!v) return 1;
+    float* m = v + 16 * chunk * c;
     const int64_t threads = omp_get_max_threads();
-    const int64_t step = (tiles + threads - 1) / threads;
+    for (int64_t first = 0; first < tiles && !infinite; first += chunk) {
+      const int64_t count = as_min64(chunk, tiles - first), step = (count + threads - 1) / threads;
 #pragma omp parallel for schedule(static)
-    for (int64_t t0 = 0; t0 < tiles; t0 += step)
-      as_winograd_in(g, x, t0, as_min64(step, tiles - t0), th, tw, v, tiles, t0);
-    as_winograd_gemms(tiles, c, o, v, panels, m, true);
+      for (int64_t t0 = 0; t0 < count; t0 += step)
+        as_winograd_in(g, x, first + t0, as_min64(step, count - t0), th, tw, v, count, t0);
+      as_winograd_gemms(count, c, o, v, panels, m, true);
 #pragma omp parallel for schedule(static) reduction(| : infinite)
-    for (int64_t t0 = 0; t0 < tiles; t0 += step)
-      infinite |= !as_winograd_out(g, m, t0, as_min64(step, tiles - t0), th, tw, y, tiles, t0);
+      for (int64_t t0 = 0; t0 < count; t0 += step)
+        infinite |= !as_winograd_out(g, m, first + t0, as_min64(step, count - t0), th, tw, y,
+                                     count, t0);
+    }
   }
-  if (failed) return 3;
-  if (infinite) return 1;
+  if (failed || infinite) return 1;
   __atomic_add_fetch(&as_winograd_runs, 1, __ATOMIC_RELAXED);
   return 0;
 }

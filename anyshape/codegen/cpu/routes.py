@@ -150,6 +150,8 @@ def _winograd_shape(root: Node) -> bool:
     Winograd's F(2x2, 3x3) where its channels are few enough and the weight is watched)."""
     return bool(
         root.attr("channels_last", False)
+        and root.dtype == DType.f32
+        and root.attr("groups", 1) == 1
         and tuple(root.inputs[1].shape[2:]) == (3, 3)
         and all(v == 1 for v in root.attr("stride"))
         and all(v == 1 for v in root.attr("dilation"))
