@@ -161,8 +161,8 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def dnnl_glue_object(flags: list[str], options: Options) -> Path:
-    """The object file of the oneDNN glue (``dnnl.h``, ``dnnl_conv.h``, ``dnnl_matmul.h``
-    with AS_DNNL_GLUE_OBJECT), built once per compiler and ``flags`` (the target's ISA
+    """The object file of the oneDNN glue (``dnnl.h``, ``dnnl_conv.h``, ``dnnl_matmul.h``,
+    ``winograd.h`` with AS_DNNL_GLUE_OBJECT), built once per compiler and ``flags`` (the target's ISA
     among them) into the cache: the units of a library declare what they call of it.
     A build under way (``start_glue_object``'s) is waited for, not repeated."""
     with _glue_lock:
@@ -173,7 +173,7 @@ def dnnl_glue_object(flags: list[str], options: Options) -> Path:
 def _glue_source() -> str:
     """The glue object's one translation unit (read once: every library build asks)."""
     here = resources.files(__package__)
-    headers = ("prelude.h", "dnnl.h", "dnnl_conv.h", "dnnl_matmul.h")
+    headers = ("prelude.h", "dnnl.h", "dnnl_conv.h", "dnnl_matmul.h", "winograd.h")
     return "\n".join(
         ["#define AS_SPLIT_UNIT", "#define AS_DNNL_GLUE_OBJECT"]
         + [here.joinpath(h).read_text() for h in headers]

@@ -289,7 +289,7 @@ WINOGRAD_FLOATS = 16 * 256 * 256
 
 def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
     """A 3x3 convolution by Winograd's minimal filtering F(2x2, 3x3) through
-    ``as_winograd_conv`` (dnnl_matmul.h): 16 multiplications for each 2 x 2 block of output
+    ``as_winograd_conv`` (winograd.h): 16 multiplications for each 2 x 2 block of output
     and channel pair where the direct convolution takes 36, as 16 GEMMs by the weight
     transformed once, then the epilogue over blocks of pixels across the threads. Capped
     to AVX2, oneDNN 3.2 ran ResNet-50's 3x3 layers at 165-195 GFLOP/s, ONNX Runtime's
@@ -330,10 +330,7 @@ def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
             f"const float* winograd_panels = {c.OC} * {c.cg} > {WINOGRAD_FLOATS // 16} ? nullptr"
             f" : as_winograd_panels(&winograd_site, (const float*){c.pw});",
         ),
-        if_(
-            f"{c.OC} * {c.cg} <= {WINOGRAD_FLOATS // 16} && winograd_panels",
-            [*run, if_("winograd == 0", [*done, text("return 0;")])],
-        ),
+        if_("winograd_panels", [*run, if_("winograd == 0", [*done, text("return 0;")])]),
     )
     return [Guarded("ANYSHAPE_DNNL", body)]
 

@@ -107,9 +107,11 @@ def emit_translation_unit(
     lines = [*(here.joinpath(h).read_text() for h in runtime), ""]
     dnnl = [sched.routes.get(id(r)) for r in sched.kernels]  # what oneDNN runs, if linked
     used = {route.header for route in dnnl if route}
-    if "dnnl_conv.h" in used:  # (a convolution of few channels runs dnnl_matmul.h's GEMM)
-        used.add("dnnl_matmul.h")
-    headers = ["dnnl.h", *sorted(used)] if used else []
+    if "dnnl_conv.h" in used:  # (a convolution of few channels runs dnnl_matmul.h's GEMM,
+        used.add("dnnl_matmul.h")  # a 3x3 one winograd.h's, which builds on it)
+        used.add("winograd.h")
+    order = ("dnnl_conv.h", "dnnl_matmul.h", "winograd.h")
+    headers = ["dnnl.h", *(h for h in order if h in used)] if used else []
     if headers:
         texts = [here.joinpath(h).read_text() for h in headers]
         lines[-1:-1] = ["#ifdef ANYSHAPE_DNNL", *texts, "#endif"]

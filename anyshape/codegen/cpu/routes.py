@@ -58,7 +58,7 @@ class CpuSettings:
     few_rows_gemm: bool = True  # up to 32 rows on the runtime's own GEMM (dnnl_matmul.h)
     dnnl_conv: str = "channels_last"  # one of the option's choices (config.py)
     conv_post_ops: bool = False  # convolution epilogues as oneDNN post-ops (post_ops.py)
-    winograd: bool = True  # 3x3 convolutions by Winograd's F(2x2, 3x3) (dnnl_matmul.h)
+    winograd: bool = True  # 3x3 convolutions by Winograd's F(2x2, 3x3) (winograd.h)
 
     @property
     def matmul_site_mode(self) -> int:
