@@ -360,9 +360,8 @@ def test_a_size_onednn_refuses_falls_back_alone(tmp_path):
     from anyshape.native_build import with_abi_header
 
     here = resources.files("anyshape.codegen.cpu")
-    headers = [
-        here.joinpath(h).read_text() for h in ("prelude.h", "vmath.h", "dnnl.h", "dnnl_conv.h")
-    ]
+    names = ("prelude.h", "gemm.h", "vmath.h", "dnnl.h", "dnnl_conv.h")
+    headers = [here.joinpath(h).read_text() for h in names]
     source = tmp_path / "refusals.cpp"
     glue = "#define AS_SPLIT_UNIT\n#define AS_DNNL_GLUE_OBJECT\n"  # (the glue object's own)
     source.write_text(glue + with_abi_header("\n".join(headers)) + HARNESS)

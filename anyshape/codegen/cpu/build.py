@@ -173,7 +173,7 @@ def dnnl_glue_object(flags: list[str], options: Options) -> Path:
 def _glue_source() -> str:
     """The glue object's one translation unit (read once: every library build asks)."""
     here = resources.files(__package__)
-    headers = ("prelude.h", "dnnl.h", "dnnl_conv.h", "dnnl_matmul.h", "winograd.h")
+    headers = ("prelude.h", "gemm.h", "dnnl.h", "dnnl_conv.h", "dnnl_matmul.h", "winograd.h")
     return "\n".join(
         ["#define AS_SPLIT_UNIT", "#define AS_DNNL_GLUE_OBJECT"]
         + [here.joinpath(h).read_text() for h in headers]
@@ -226,7 +226,9 @@ HOST_WORK = 0.1  # compile work per character of the host function, against a ke
 # prelude (AVX-512 Zen 5), the channels-last im2col convolution 0.057 s, the BLAS GEMM
 # 0.03 s. Kernels calling the same helpers go to the same unit where the load allows.
 # (oneDNN's glue, 0.06-0.075 s there and 0.16 s each on a slower AVX-512 host, is no
-# unit's work: the library links it, built once, ``dnnl_glue_object``.)
+# unit's work: the library links it, built once, ``dnnl_glue_object``; with it linked, a
+# float convolution calls the im2col convolution compiled there, so only its double one
+# matches here.)
 HELPER_WORK = {
     "as_conv2d_nhwc<": 2600,
     "as_gemm_batch<": 1400,

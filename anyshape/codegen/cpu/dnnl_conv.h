@@ -44,7 +44,22 @@ AS_GLUE_ENTRY AsConvSite* as_conv_site(AsSiteTable* t, int64_t c, int64_t o, int
                                        int64_t pw, int64_t dh, int64_t dw, int64_t nhwc,
                                        int64_t post);
 
+// gemm.h's im2col path for float, what a kernel runs where oneDNN does not: compiled
+// once here, so no unit of a library compiles the template (a kernel calls it without
+// template arguments and overload resolution picks this function).
+AS_GLUE_ENTRY bool as_conv2d_nhwc(const float* x, const float* w, float* y, int64_t c,
+                                  int64_t o, int64_t h, int64_t wd, int64_t oh, int64_t ow,
+                                  int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                                  int64_t pw, int64_t dh, int64_t dw);
+
 #ifdef AS_DNNL_GLUE_OBJECT
+AS_GLUE_ENTRY bool as_conv2d_nhwc(const float* x, const float* w, float* y, int64_t c,
+                                  int64_t o, int64_t h, int64_t wd, int64_t oh, int64_t ow,
+                                  int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                                  int64_t pw, int64_t dh, int64_t dw) {
+  return as_conv2d_nhwc<float>(x, w, y, c, o, h, wd, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
 AS_SETUP static void as_conv_shape_free(AsConvShape* e) {
   if (e->conv) dnnl_primitive_destroy(e->conv);
   if (e->to_conv) dnnl_primitive_destroy(e->to_conv);
