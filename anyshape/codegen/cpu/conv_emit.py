@@ -289,17 +289,19 @@ def _conv_taps(c: ConvGeometry, epilogue_rows: list) -> list:
     return [Guarded("ANYSHAPE_DNNL", body)]
 
 
-# Up to this many floats in the transformed weight (16 x C x O: 256 x 256 channels) a 3x3
-# convolution runs Winograd's F(2x2, 3x3). ResNet-50's 512-channel layers ran level with
-# oneDNN or slower (docs/performance.md, "2026-12-08").
+# Up to this many floats in F(2x2, 3x3)'s transformed weight (16 x C x O: 256 x 256
+# channels) a 3x3 convolution runs Winograd's minimal filtering (winograd.h picks F(4x4,
+# 3x3) up to 128 x 128 channels). ResNet-50's 512-channel layers ran level with oneDNN or
+# slower (docs/performance.md, "2026-12-08").
 WINOGRAD_FLOATS = 16 * 256 * 256
 
 
 def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
-    """A 3x3 convolution by Winograd's minimal filtering F(2x2, 3x3) through
-    ``as_winograd_conv`` (winograd.h): 16 multiplications for each 2 x 2 block of output
-    and channel pair where the direct convolution takes 36, as 16 GEMMs by the weight
-    transformed once, then the epilogue over blocks of pixels across the threads. Capped
+    """A 3x3 convolution by Winograd's minimal filtering F(4x4, 3x3) or F(2x2, 3x3)
+    through ``as_winograd_conv`` (winograd.h): 36 multiplications for each 4 x 4 block of
+    output and channel pair, or 16 for each 2 x 2 block, where the direct convolution takes
+    144 or 36, as 36 or 16 GEMMs by the weight transformed once, then the epilogue over
+    blocks of pixels across the threads. Capped
     to AVX2, oneDNN 3.2 ran ResNet-50's 3x3 layers at 165-195 GFLOP/s, ONNX Runtime's
     direct kernel at 210 (docs/performance.md, "2026-12-08"). Runs once the transformed
     weight is packed (its second call); where an output is not finite (Winograd's

@@ -58,7 +58,7 @@ class CpuSettings:
     few_rows_gemm: bool = True  # up to 32 rows on the runtime's own GEMM (dnnl_matmul.h)
     dnnl_conv: str = "channels_last"  # one of the option's choices (config.py)
     conv_post_ops: bool = False  # convolution epilogues as oneDNN post-ops (post_ops.py)
-    winograd: bool = True  # 3x3 convolutions by Winograd's F(2x2, 3x3) (winograd.h)
+    winograd: bool = True  # 3x3 convolutions by Winograd's F(4x4 or 2x2, 3x3) (winograd.h)
 
     @property
     def matmul_site_mode(self) -> int:
@@ -99,7 +99,7 @@ class Route:
         if self.post_ops:
             what += " with its epilogue as post-ops"
         if self.winograd:
-            what = "Winograd F(2x2, 3x3) on its transformed weight, else " + what
+            what = "Winograd F(4x4 or 2x2, 3x3) on its transformed weight, else " + what
         return f"{what}, weight {self.weight.attr('name')}"
 
 
@@ -147,7 +147,8 @@ def _conv_route(sched, root: Node, settings: CpuSettings) -> Route | None:
 
 def _winograd_shape(root: Node) -> bool:
     """A channels-last 3x3 convolution with unit stride and dilation (conv_emit runs it by
-    Winograd's F(2x2, 3x3) where its channels are few enough and the weight is watched)."""
+    Winograd's minimal filtering where its channels are few enough and the weight is
+    watched)."""
     return bool(
         root.attr("channels_last", False)
         and root.dtype == DType.f32
