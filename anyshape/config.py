@@ -92,7 +92,8 @@ class Options:
             "help": "CPU, with oneDNN's channels-last convolutions: float32 3x3 convolutions "
             "with unit stride and dilation, more than 4 input channels and at most 256 x 256 "
             "input x output channels run "
-            "Winograd's F(4x4, 3x3) (up to 128 x 128 channels) or F(2x2, 3x3) on a transformed "
+            "Winograd's F(4x4, 3x3) (input x output channels at most 128 x 128) or F(2x2, 3x3) "
+            "on a transformed "
             "copy of their weight (36/9 or 16/9 of its size, made on its second use); a call whose output is not all finite runs again on "
             "oneDNN, as eager computes it; False: oneDNN's convolution"
         },

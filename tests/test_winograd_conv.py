@@ -88,8 +88,10 @@ def test_a_3x3_convolution_runs_winograd_from_its_weights_second_call(cin, cout,
     assert mismatches_from_threads(opt, inputs, expected) == []
 
 
-@pytest.mark.parametrize("cin, cout", [(16, 24), (96, 128), (144, 160)])  # (each way through
-def test_an_output_not_finite_is_computed_again_as_eager_does(cin, cout):  # tiles, both sizes)
+# (F(4x4, 3x3) in blocks of tiles and over every tile, F(2x2, 3x3) over every tile: the
+# only way it runs)
+@pytest.mark.parametrize("cin, cout", [(16, 24), (96, 128), (144, 160)])
+def test_an_output_not_finite_is_computed_again_as_eager_does(cin, cout):
     """An infinite input pixel makes NaN across a block in Winograd's transforms
     where eager has infinities and finite values: such a call runs again on oneDNN's
     convolution and its epilogue, so which outputs are NaN, infinite or finite is eager's
@@ -162,13 +164,14 @@ def test_wide_3x3_convolutions_stay_on_onednn():
 def test_a_kernel_family_runs_winograd_for_each_of_its_output_widths():
     """Two 3x3 convolutions alike but for their output channels may share one compiled
     function (``kernel_families``), the output width a run-time value: each runs
-    Winograd with its own transformed weight."""
+    Winograd with its own transformed weight, here of each tile size (64 x 96 channels
+    F(4x4, 3x3), 64 x 320 F(2x2, 3x3))."""
     torch.manual_seed(7)
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 64, 1),
         torch.nn.Conv2d(64, 96, 3, padding=1),
         torch.nn.Conv2d(96, 64, 1),
-        torch.nn.Conv2d(64, 128, 3, padding=1),
+        torch.nn.Conv2d(64, 320, 3, padding=1),
     ).eval()
     opt, _, runs = _compiled(model, kernel_families=True)
     with torch.no_grad():

@@ -93,8 +93,8 @@ struct AsWinograd {
   }
 };
 
-// The output tile M of a site with c input and o output channels: F(4x4, 3x3) up to 128 x
-// 128 channels (a transformed weight of up to 2.4 MB), F(2x2, 3x3) above. Interleaved in
+// The output tile M of a site with c input and o output channels: F(4x4, 3x3) where c o is
+// at most 128 x 128 (a transformed weight of up to 2.4 MB), F(2x2, 3x3) above. Interleaved in
 // ResNet-50 against F(2x2, 3x3) everywhere (docs/performance.md, "2026-12-08, F(4x4,
 // 3x3)"): its 64- and 128-channel layers took 0.61-0.95 of the time on both ISAs; its
 // 256-channel ones 0.72-0.77 at 4 x 320 with AVX-512 but 1.1-1.6 at 160-224 px, where a
@@ -262,7 +262,9 @@ extern "C" int64_t anyshape_winograd_runs() {
 
 // Two ways through the tiles, by the size of the transformed weight (T c o floats):
 // - up to 1 MB, blocks of AS_WINOGRAD_TILES tiles, one per task: the block's transformed
-//   input, its T GEMMs by the whole weight (in L2) and its output, all in cache;
+//   input, its T GEMMs by the whole weight (in L2) and its output, all in cache (F(4x4,
+//   3x3) to c o = 7281, ResNet-50's 64 channels; F(2x2, 3x3) runs from c o = 16 385, past
+//   this bound, so always the other way);
 // - over that, up to AS_WINOGRAD_CHUNK bytes of transformed input and products at a time:
 //   every such tile's input, then the T GEMMs with one matrix and panel a task (each read
 //   once a chunk), then every output: a block of tiles would read the whole weight again.
