@@ -215,7 +215,7 @@ def test_without_onednn_a_channels_last_convolution_takes_im2col(
     graph = _graph(opt)
     assert _ops(graph, "convolution")[0].attr("channels_last")
     exe = CpuExecutable(graph, [], options=Options(dnnl_conv="off"))
-    assert "as_dnnl_conv2d" not in exe.source and "as_conv2d_nhwc<float>(xn" in exe.source
+    assert "as_dnnl_conv2d" not in exe.source and "as_conv2d_nhwc(xn" in exe.source
     with torch.no_grad():
         for shape in [(2, cin, 11, 12), (1, cin, 9, 16), (3, cin, 7, 7)]:
             x = torch.randn(*shape)
