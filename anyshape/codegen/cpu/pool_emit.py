@@ -104,15 +104,17 @@ def emit_pool_channels_last(scope, root: Node) -> list:
     kind = root.attr("kind")
     H, W, C = (scope.dim(d) for d in x.shape[1:])
     OH, OW = (scope.dim(d) for d in root.shape[1:3])
-    names = ("i0", "i1")  # image, output row
-    close = nest_open(scope, root.shape[:2], names, f"{scope.dim(root.type.numel)} * {kh * kw}")
+    # (image, output row, output column: the images' rows over the threads, not the images
+    # alone, which left a thread idle at batch 1 and 3)
+    names = ("i0", "i1", "ow")
+    close = nest_open(scope, root.shape[:3], names, f"{scope.dim(root.type.numel)} * {kh * kw}")
     px, po = scope.ptr(x), scope.ptr(root)
     if kind == "max":
         init, step = "-__builtin_inf()", "o[c] = (v > o[c] || v != v) ? v : o[c];"
     else:
         init, step = "0", "o[c] += v;"
     body = [
-        f"for (int64_t ow = 0; ow < {OW}; ++ow) {{",
+        "{",
         f"  {t}* o = ({t}*){po} + ((i0 * {OH} + i1) * {OW} + ow) * {C};",
         "  #pragma omp simd",
         f"  for (int64_t c = 0; c < {C}; ++c) o[c] = {init};",
