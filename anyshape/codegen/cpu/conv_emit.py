@@ -289,11 +289,11 @@ def _conv_taps(c: ConvGeometry, epilogue_rows: list) -> list:
     return [Guarded("ANYSHAPE_DNNL", body)]
 
 
-# Up to this many floats in F(2x2, 3x3)'s transformed weight (16 x C x O: 256 x 256
-# channels) a 3x3 convolution runs Winograd's minimal filtering (winograd.h picks F(4x4,
-# 3x3) up to 128 x 128 channels). ResNet-50's 512-channel layers ran level with oneDNN or
-# slower (docs/performance.md, "2026-12-08").
-WINOGRAD_FLOATS = 16 * 256 * 256
+# Up to this many input x output channels a 3x3 convolution runs Winograd's minimal
+# filtering (winograd.h picks F(4x4, 3x3) up to 128 x 128, F(2x2, 3x3) above).
+# ResNet-50's 512-channel layers ran level with oneDNN or slower (docs/performance.md,
+# "2026-12-08").
+WINOGRAD_CHANNEL_PAIRS = 256 * 256
 
 
 def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
@@ -301,9 +301,9 @@ def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
     through ``as_winograd_conv`` (winograd.h): 36 multiplications for each 4 x 4 block of
     output and channel pair, or 16 for each 2 x 2 block, where the direct convolution takes
     144 or 36, as 36 or 16 GEMMs by the weight transformed once, then the epilogue over
-    blocks of pixels across the threads. Capped
-    to AVX2, oneDNN 3.2 ran ResNet-50's 3x3 layers at 165-195 GFLOP/s, ONNX Runtime's
-    direct kernel at 210 (docs/performance.md, "2026-12-08"). Runs once the transformed
+    blocks of pixels across the threads. Capped to AVX2, oneDNN 3.2 ran ResNet-50's 3x3
+    layers at 165-195 GFLOP/s, ONNX Runtime's direct kernel at 210 (docs/performance.md,
+    "2026-12-08"). Runs once the transformed
     weight is packed (its second call); where an output is not finite (Winograd's
     transforms turn an infinity into NaN across a tile), the oneDNN path after it computes
     the call again, as it does otherwise."""
@@ -337,7 +337,7 @@ def _conv_winograd(c: ConvGeometry, epilogue_rows: list) -> list:
     body = (
         text(
             *site.split("\n"),
-            f"const float* winograd_panels = {c.OC} * {c.cg} > {WINOGRAD_FLOATS // 16} ? nullptr"
+            f"const float* winograd_panels = {c.OC} * {c.cg} > {WINOGRAD_CHANNEL_PAIRS} ? nullptr"
             f" : as_winograd_panels(&winograd_site, (const float*){c.pw});",
         ),
         if_("winograd_panels", [*run, if_("winograd == 0", [*done, text("return 0;")])]),

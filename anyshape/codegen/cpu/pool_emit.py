@@ -113,8 +113,7 @@ def emit_pool_channels_last(scope, root: Node) -> list:
         init, step = "-__builtin_inf()", "o[c] = (v > o[c] || v != v) ? v : o[c];"
     else:
         init, step = "0", "o[c] += v;"
-    body = [
-        "{",
+    body = [  # (the body of the loop over `ow`, one output pixel's channels)
         f"  {t}* o = ({t}*){po} + ((i0 * {OH} + i1) * {OW} + ow) * {C};",
         "  #pragma omp simd",
         f"  for (int64_t c = 0; c < {C}; ++c) o[c] = {init};",
@@ -139,5 +138,4 @@ def emit_pool_channels_last(scope, root: Node) -> list:
             "  #pragma omp simd",
             f"  for (int64_t c = 0; c < {C}; ++c) o[c] *= scale;",
         ]
-    body.append("}")
-    return close([text(*body)])
+    return close([text(*(ln[2:] for ln in body))])

@@ -1,6 +1,6 @@
 // anyshape CPU runtime: 3x3 convolutions by Winograd's minimal filtering F(4x4, 3x3) or
-// F(2x2, 3x3) (plugin mode, when oneDNN is installed). Pasted after dnnl_matmul.h, whose GEMM tile
-// (as_panel_rows), panel layout (as_panels_pack) and packed-weight cache (as_rows_packed)
+// F(2x2, 3x3) (plugin mode, when oneDNN is installed). Pasted after dnnl_matmul.h, whose
+// GEMM tile (as_panel_rows), panel layout (as_panels_pack) and packed-weight cache (as_rows_packed)
 // it uses, into translation units that hold a convolution route (conv_emit._conv_winograd);
 // the glue object (build.py) compiles its definitions once per machine.
 
@@ -94,13 +94,14 @@ struct AsWinograd {
 };
 
 // The output tile M of a site with c input and o output channels: F(4x4, 3x3) where c o is
-// at most 128 x 128 (a transformed weight of up to 2.4 MB), F(2x2, 3x3) above. Interleaved in
-// ResNet-50 against F(2x2, 3x3) everywhere (docs/performance.md, "2026-12-08, F(4x4,
-// 3x3)"): its 64- and 128-channel layers took 0.61-0.95 of the time on both ISAs; its
+// at most 128 x 128 (a transformed weight of up to 2.4 MB), F(2x2, 3x3) above. Interleaved
+// in ResNet-50 against F(2x2, 3x3) everywhere (docs/performance.md, "2026-12-08, third"): its 64- and 128-channel layers took 0.61-0.95 of the time on both ISAs; its
 // 256-channel ones 0.72-0.77 at 4 x 320 with AVX-512 but 1.1-1.6 at 160-224 px, where a
 // 10 x 10 or 14 x 14 image makes few tiles (3 x 3 or 4 x 4 of 4 x 4 pixels, some of them
 // past the edge) for a 9.4 MB weight.
-static inline int as_winograd_tile(int64_t c, int64_t o) { return c * o <= 128 * 128 ? 4 : 2; }
+static inline int as_winograd_tile(int64_t c, int64_t o) {
+  return c * o <= 128 * 128 ? 4 : 2;
+}
 
 // Per channel pair of the weight ([o][c][3][3], model layout) into the panels: the T
 // matrices [c, o] of G g G^T, each as as_panels_pack lays out a [k, n] weight (zero past o).
@@ -130,7 +131,6 @@ static void as_winograd_pack(int64_t c, int64_t o, const float* w, float* to) {
 
 AS_GLUE_ENTRY const float* as_winograd_panels(AsWinogradSite* s, const float* w) {
   if (s->broken || !as_dnnl_engine()) return nullptr;
-  const bool four = as_winograd_tile(s->c, s->o) == 4;
   const AsPacker pack = {[](const void* site, const float* plain, float* to) {
                            const AsWinogradSite* t = (const AsWinogradSite*)site;
                            if (as_winograd_tile(t->c, t->o) == 4)
@@ -139,9 +139,8 @@ AS_GLUE_ENTRY const float* as_winograd_panels(AsWinogradSite* s, const float* w)
                              as_winograd_pack<2>(t->c, t->o, plain, to);
                          }, s};
   // (Panels of [c, AS_ROWS_NB], T for each AS_ROWS_NB output channels.)
-  const int64_t np = (s->o + AS_ROWS_NB - 1) / AS_ROWS_NB;
-  const int64_t t = four ? AsWinograd<4>::T : AsWinograd<2>::T;
-  return as_rows_packed(&s->weights, &s->rows, s->c, t * np * AS_ROWS_NB, w, pack, nullptr);
+  const int64_t np = (s->o + AS_ROWS_NB - 1) / AS_ROWS_NB, a = as_winograd_tile(s->c, s->o) + 2;
+  return as_rows_packed(&s->weights, &s->rows, s->c, a * a * np * AS_ROWS_NB, w, pack, nullptr);
 }
 
 __attribute__((noipa)) AS_GLUE_ENTRY AsWinogradSite* as_winograd_site(AsSiteTable* t, int64_t c,
